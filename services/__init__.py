@@ -1,0 +1,1 @@
+"""The site services: MQTT-to-Kafka bridge, Cassandra adapter, simulator, registrar."""

@@ -1,0 +1,1 @@
+"""Developer and operator tooling: pinned versions, the artifact cache, image builds."""
