@@ -235,11 +235,11 @@ def _build_sdist_wheels(entries: list[dict]) -> None:
 def fetch(lock_data: dict, jobs: int = 8) -> None:
     started = time.monotonic()
     work: list[tuple[str, Path, str, str]] = []
-    for group, entries in lock_data["maven"].items():
+    for entries in lock_data["maven"].values():
         for e in entries:
             work.append((f"{MAVEN_CENTRAL}/{maven_path(e['coord'])}", maven_cache_path(e), e["sha256"], e["coord"]))
     sdists = []
-    for group, entries in lock_data["python"].items():
+    for entries in lock_data["python"].values():
         for e in entries:
             work.append((e["url"], python_cache_path(e), e["sha256"], e["file"]))
             if e["kind"] == "sdist":

@@ -188,12 +188,13 @@ def build(image: Image, pinned: pins.Pins, lock_data: dict, index: int, total: i
 
 def with_parents(names: list[str]) -> list[Image]:
     wanted: set[str] = set()
-    for name in names:
-        if name not in BY_NAME:
-            raise SystemExit(f"unknown image '{name}' (known: {', '.join(BY_NAME)})")
+    for requested in names:
+        if requested not in BY_NAME:
+            raise SystemExit(f"unknown image '{requested}' (known: {', '.join(BY_NAME)})")
+        name: str | None = requested
         while name:
             wanted.add(name)
-            name = BY_NAME[name].parent or ""
+            name = BY_NAME[name].parent
     return [image for image in IMAGES if image.name in wanted]
 
 
