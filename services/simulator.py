@@ -80,8 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--rate must be positive")
     if args.connections < 1:
         p.error("--connections must be at least 1")
-    if args.duration is None and args.count is None:
-        args.duration = float("inf")
+    if args.duration is None:
+        args.duration = float("inf")  # until --count, or ^C
     return args
 
 

@@ -42,8 +42,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "") -> KafkaCluster:
     return cluster
 
 
-def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3) -> None:
+def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3, config: dict | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.external})
-    futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names])
+    futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {})
+                                   for n in names])
     for future in futures.values():
         future.result(timeout=60)

@@ -113,3 +113,8 @@ def test_registrar_without_source_prints_usage(capsys):
         registrar.parse_args(["--bootstrap-servers", "k:9092"])
     assert exit_info.value.code == 2
     assert "usage: iot-registrar" in capsys.readouterr().err
+
+
+def test_simulator_with_count_only_runs_until_the_count():
+    args = simulator.parse_args(["--site", "a", "--count", "5"])
+    assert args.count == 5 and args.duration == float("inf")

@@ -1,0 +1,110 @@
+"""Simulator and registrar from the services image against real Mosquitto and Kafka."""
+from __future__ import annotations
+
+import json
+import threading
+
+import paho.mqtt.client as mqtt
+import pytest
+from confluent_kafka import Consumer
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from services import contracts
+from tests.integration.docker_lab import docker, free_port, image, wait_until
+from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+
+USER, PASSWORD = "simulator", "sim-secret"
+REGISTRATION_TOPICS = (contracts.SENSOR_TYPE_REGISTRATION, contracts.DEVICE_REGISTRATION,
+                       contracts.SENSOR_REGISTRATION)
+
+
+@pytest.fixture(scope="module")
+def mosquitto(lab, tmp_path_factory):
+    secrets = tmp_path_factory.mktemp("secrets")
+    secrets.chmod(0o777)
+    docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"),
+           "mosquitto_passwd", "-b", "-c", "/out/passwd", USER, PASSWORD)
+    (secrets / "mqtt_password").write_text(PASSWORD)
+    (secrets / "mqtt_password").chmod(0o644)
+    port = free_port()
+    lab.run("mosquitto", "mosquitto", ports={port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
+            env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
+    wait_until("mosquitto", lambda: lab.exec("mosquitto", "mosquitto_sub", "-u", USER, "-P", PASSWORD,
+                                              "-t", "x", "-W", "1").returncode in (0, 27), timeout=60)
+    return port, secrets
+
+
+def run_tool(lab, *args, volumes: dict[str, str] | None = None):
+    cmd = ["run", "--rm", "--network", lab.network]
+    for src, dst in (volumes or {}).items():
+        cmd += ["-v", f"{src}:{dst}"]
+    return docker(*cmd, image("services"), *args, check=False, timeout=180)
+
+
+def test_simulator_publishes_count_readings_all_acked_and_received(lab, mosquitto):
+    port, secrets = mosquitto
+    received = []
+    subscribed = threading.Event()
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="counter", protocol=MQTTProtocolVersion.MQTTv5)
+    sub.username_pw_set(USER, PASSWORD)
+    sub.on_connect = lambda c, *_: c.subscribe("sites/site-a/sensors/+/temperature", qos=1)
+    sub.on_subscribe = lambda *_: subscribed.set()
+    sub.on_message = lambda _c, _u, msg: received.append((msg.topic, json.loads(msg.payload)))
+    sub.connect("127.0.0.1", port)
+    sub.loop_start()
+    try:
+        assert subscribed.wait(10)
+        result = run_tool(lab, "iot-simulator", "--host", "mosquitto", "--username", USER, "--site", "site-a",
+                          "--devices", "3", "--sensors-per-device", "2", "--rate", "500", "--count", "1000",
+                          "--unit", "F", "--seed", "4", "--json", volumes={str(secrets): "/run/secrets:ro"})
+        assert result.returncode == 0, result.stdout + result.stderr
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["sent"] == summary["acked"] == 1000 and summary["failed"] == 0
+        wait_until("all readings at the subscriber", lambda: len(received) >= 1000, timeout=30)
+    finally:
+        sub.loop_stop()
+        sub.disconnect()
+    assert len(received) == 1000
+    assert len({topic for topic, _ in received}) == 6
+    for topic, payload in received:
+        assert contracts.READING.validate(payload)["unit"] == "F"
+        assert topic == f"sites/site-a/sensors/{payload['sensor_id']}/temperature"
+
+
+def test_registrar_fills_compacted_topics_keyed_by_id(lab):
+    cluster = start_kafka_cluster(lab)
+    create_topics(cluster, *REGISTRATION_TOPICS, partitions=1, config={"cleanup.policy": "compact"})
+    result = run_tool(lab, "iot-registrar", "--bootstrap-servers", cluster.internal,
+                      "fleet", "--site", "site-b", "--devices", "2", "--sensors-per-device", "2")
+    assert result.returncode == 0, result.stderr
+    assert "registered 7 records" in result.stdout
+
+    consumer = Consumer({"bootstrap.servers": cluster.external, "group.id": "reg-check",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe(list(REGISTRATION_TOPICS))
+    seen: dict[str, dict[str, dict]] = {t: {} for t in REGISTRATION_TOPICS}
+
+    def all_seen() -> bool:
+        for msg in consumer.consume(100, timeout=1.0):
+            if msg.error() is None:
+                seen[msg.topic()][msg.key().decode()] = json.loads(msg.value())
+        return sum(len(v) for v in seen.values()) == 7
+
+    try:
+        wait_until("registrations", all_seen, timeout=60)
+    finally:
+        consumer.close()
+    assert set(seen[contracts.DEVICE_REGISTRATION]) == {"site-b-dev-1", "site-b-dev-2"}
+    assert seen[contracts.SENSOR_REGISTRATION]["site-b-dev-2-s1"]["device_id"] == "site-b-dev-2"
+    assert seen[contracts.SENSOR_TYPE_REGISTRATION]["temperature-c"]["unit"] == "C"
+
+
+def test_registrar_rejects_invalid_file_and_produces_nothing(lab, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"devices": [{"device_id": "d1"}]}')
+    bad.chmod(0o644)
+    tmp_path.chmod(0o755)
+    result = run_tool(lab, "iot-registrar", "--bootstrap-servers", "nowhere:9092", "file", "/in/bad.json",
+                      volumes={str(tmp_path): "/in:ro"})
+    assert result.returncode == 1
+    assert "devices[1]: device-registration: missing field 'name'" in result.stderr
