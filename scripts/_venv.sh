@@ -12,7 +12,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "[venv] preparing $venv" >&2
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip setuptools wheel
-  "$venv/bin/pip" install -q -e "$here[dev]"
+  "$venv/bin/pip" install -q -e "$here[dev,deploy]"
   echo "$want" > "$stamp"
 fi
 PY="$venv/bin/python"

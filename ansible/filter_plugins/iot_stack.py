@@ -1,0 +1,194 @@
+"""Filters that turn an inventory group into a site topology, validating as they go.
+
+`site_topology(hostvars, hosts, site_alias)` returns the per-node service layout
+the stack templates render from, or raises AnsibleFilterError naming the host,
+the variable and what it should be. Kept as plain Python so unit tests can call
+it without Ansible (see tests/unit/test_topology.py).
+
+Per-host variables (all optional except swarm_role):
+  swarm_role       manager | worker
+  zookeeper_id     1..n, unique in the site: this node runs zookeeper-<id>
+  kafka_id         1..n, unique in the site: this node runs kafka-<id>
+  cassandra_id     1..n, unique in the site: this node runs cassandra-<id>
+  apps_node        true: the stateless services run here: Spark master, worker and
+                   jobs, bridge, Cassandra adapter, MirrorMaker (one node per site;
+                   Spark checkpoints live on this node's volumes)
+  mqtt_node        true: Mosquitto runs here (devices connect to this address; edge only)
+  ansible_host     address other sites and devices use to reach this node
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # unit tests without Ansible
+    class AnsibleFilterError(Exception):  # type: ignore[no-redef]
+        pass
+
+ALIAS_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+ROLES = ("zookeeper", "kafka", "cassandra")
+
+
+def _fail(message: str) -> None:
+    raise AnsibleFilterError(message)
+
+
+def _ids(hostvars: dict, hosts: list[str], role: str) -> list[dict]:
+    var = f"{role}_id"
+    placed: dict[int, str] = {}
+    for host in hosts:
+        raw = hostvars[host].get(var)
+        if raw is None or raw == "":
+            continue
+        try:
+            ident = int(raw)
+        except (TypeError, ValueError):
+            _fail(f"{host}: {var}={raw!r} must be a whole number (1, 2, 3 ...)")
+        if ident < 1:
+            _fail(f"{host}: {var}={ident} must be 1 or more")
+        if ident in placed:
+            _fail(f"{host}: {var}={ident} is already used by {placed[ident]}; each {role} node needs its own id")
+        placed[ident] = host
+    if placed and sorted(placed) != list(range(1, len(placed) + 1)):
+        _fail(f"{var} values {sorted(placed)} must run 1..{len(placed)} without gaps")
+    return [{"id": i, "node": placed[i], "address": _address(hostvars, placed[i])} for i in sorted(placed)]
+
+
+def _address(hostvars: dict, host: str) -> str:
+    return str(hostvars[host].get("ansible_host") or host)
+
+
+def _flag(hostvars: dict, hosts: list[str], var: str, what: str, site: str) -> str:
+    chosen = [h for h in hosts if str(hostvars[h].get(var, False)).lower() in ("true", "yes", "1")]
+    if len(chosen) != 1:
+        _fail(f"site {site}: exactly one host needs {var}=true ({what}); found {chosen or 'none'}")
+    return chosen[0]
+
+
+def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str = "edge") -> dict:
+    """Where every per-node service of one site runs, from the inventory."""
+    if not isinstance(site_alias, str) or not ALIAS_RE.match(site_alias):
+        _fail(f"site_alias={site_alias!r} must be lowercase letters, digits and dashes (e.g. site-a)")
+    if tier not in ("edge", "datacenter"):
+        _fail(f"tier={tier!r} must be edge or datacenter")
+    if not hosts:
+        _fail(f"site {site_alias}: the inventory group has no hosts")
+    managers = []
+    for host in hosts:
+        role = hostvars[host].get("swarm_role")
+        if role not in ("manager", "worker"):
+            _fail(f"{host}: swarm_role={role!r} must be manager or worker")
+        if role == "manager":
+            managers.append(host)
+    if not managers:
+        _fail(f"site {site_alias}: no host has swarm_role=manager; make one host the manager")
+    if len(managers) % 2 == 0:
+        _fail(f"site {site_alias}: {len(managers)} managers; use an odd number so the Raft quorum survives a loss")
+    topology = {role: _ids(hostvars, hosts, role) for role in ROLES}
+    for role in ROLES:
+        if not topology[role]:
+            _fail(f"site {site_alias}: no host has {role}_id; give at least one host {role}_id=1")
+    if len(topology["zookeeper"]) % 2 == 0:
+        _fail(f"site {site_alias}: {len(topology['zookeeper'])} ZooKeeper nodes; use an odd number (1, 3, 5)")
+    topology.update({
+        "alias": site_alias,
+        "tier": tier,
+        "manager": managers[0],
+        "managers": managers,
+        "nodes": list(hosts),
+        "apps_node": _flag(hostvars, hosts, "apps_node", "Spark, bridge, adapter, MirrorMaker", site_alias),
+        "mqtt_node": _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias) if tier == "edge" else None,
+        "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
+        "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
+        "cassandra_seeds": ",".join(f"cassandra-{c['id']}" for c in topology["cassandra"][:3]),
+    })
+    return topology
+
+
+def node_labels(hostvars_of_host: dict) -> dict:
+    """Swarm node labels for one host, from its per-host variables."""
+    labels = {}
+    for role in ROLES:
+        value = hostvars_of_host.get(f"{role}_id")
+        if value not in (None, ""):
+            labels[f"iot.{role}"] = str(value)
+    for flag in ("apps_node", "mqtt_node"):
+        if str(hostvars_of_host.get(flag, False)).lower() in ("true", "yes", "1"):
+            labels[f"iot.{flag.removesuffix('_node')}"] = "true"
+    return labels
+
+
+def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str]:
+    """Project images a node needs, from the services its labels pin to it."""
+    labels = node_labels(hostvars_of_host)
+    needed = set()
+    if is_manager or "iot.zookeeper" in labels or "iot.kafka" in labels:
+        needed.add("kafka")  # the manager runs the topic tools
+    if "iot.cassandra" in labels:
+        needed.add("cassandra")
+    if "iot.apps" in labels:
+        needed.update({"spark", "services"} | ({"kafka"} if tier == "datacenter" else set()))
+    if "iot.mqtt" in labels:
+        needed.add("mosquitto")
+    return sorted(needed)
+
+
+def external_bootstrap(topology: dict, port: int) -> str:
+    """Bootstrap servers another site (the datacenter's MirrorMaker) uses: node address + host port."""
+    return ",".join(f"{k['address']}:{port}" for k in topology["kafka"])
+
+
+def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str], port: int) -> list[dict]:
+    """Every edge site in the inventory with its external Kafka bootstrap, for the relay.
+
+    Works from the inventory alone, so a run limited to the datacenter and one new
+    site still renders flows for all sites."""
+    site_groups: dict[str, list[str]] = {}
+    for host in groups.get(edge_group, []):
+        names = [g for g in hostvars[host].get("group_names", []) if g not in ignored]
+        if len(names) != 1:
+            _fail(f"{host}: belongs to site groups {names}; an edge host needs exactly one")
+        site_groups.setdefault(names[0], []).append(host)
+    sites = []
+    for group, hosts in sorted(site_groups.items()):
+        alias = hostvars[hosts[0]].get("site_alias") or group.replace("_", "-")
+        topology = site_topology(hostvars, hosts, alias, "edge")
+        sites.append({"alias": alias, "group": group, "bootstrap": external_bootstrap(topology, port)})
+    aliases = [s["alias"] for s in sites]
+    if len(set(aliases)) != len(aliases):
+        _fail(f"edge site aliases {aliases} are not unique; set site_alias per site group")
+    return sites
+
+
+def mosquitto_passwd(users: dict, site_alias: str, iterations: int = 101) -> str:
+    """A Mosquitto 2 password file ($7$: PBKDF2-SHA512), deterministic so reruns change nothing.
+
+    The salt is derived from site, user and password: unique per entry, as a salt
+    must be, yet stable between runs (mosquitto_passwd would pick a new one)."""
+    lines = []
+    for user in sorted(users):
+        password = str(users[user])
+        if ":" in user or not user:
+            _fail(f"mqtt_users: user name {user!r} must be non-empty and contain no ':'")
+        salt = hashlib.sha256(f"{site_alias}:{user}:{password}".encode()).digest()[:12]
+        digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
+        lines.append(f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+def stack_files(spec: dict, home: str) -> dict:
+    """{configs|secrets: {name: content}} -> {configs|secrets: {name: {path, hash}}} for the stack template."""
+    return {kind: {name: {"path": f"{home}/{kind}/{name}",
+                          "hash": hashlib.sha256(str(content).encode()).hexdigest()}
+                   for name, content in spec.get(kind, {}).items()}
+            for kind in ("configs", "secrets")}
+
+
+class FilterModule:
+    def filters(self):
+        return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
+                "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
+                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files}

@@ -1,0 +1,57 @@
+"""Render the compose/ stack templates outside Ansible, for tests and operators.
+
+Uses Ansible's own core filters plus the project's filter plugin, so what renders
+here renders the same way in the stack role.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jinja2
+import yaml
+from ansible.plugins.filter.core import FilterModule as CoreFilters
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plugin():
+    spec = importlib.util.spec_from_file_location("iot_stack_filters", REPO / "ansible/filter_plugins/iot_stack.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+filters = _plugin()
+
+
+def stack_settings() -> dict:
+    """The stack role's defaults, shaped as the template's `s`."""
+    d = yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+    return {
+        "kafka_external_port": d["stack_kafka_external_port"],
+        "mqtt": {"port": d["stack_mqtt_port"], "max_inflight_messages": d["stack_mqtt_max_inflight_messages"],
+                 "max_queued_messages": d["stack_mqtt_max_queued_messages"]},
+        "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
+        "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
+        "cassandra_cluster_name": "test", "cassandra_dc": "test",
+        "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
+    }
+
+
+def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "compose"), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True)
+    env.filters.update(CoreFilters().filters())
+    env.filters.update(filters.FilterModule().filters())
+    images = {n: f"iot-stack/{n}:0.1.0" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
+    names = {"edge": (["bridge_mapping", "adapter_mappings", "mosquitto_acl"],
+                      ["mosquitto_passwd", "mqtt_password", "cassandra_password"]),
+             "datacenter": (["adapter_mappings", "mm2_properties"], ["cassandra_password"])}[tier]
+    files = filters.stack_files({"configs": dict.fromkeys(names[0], "c"), "secrets": dict.fromkeys(names[1], "s")},
+                                "/opt/iot-stack/x")
+    text = env.get_template(f"{tier}.yml.j2").render(
+        t=topology, s=settings or stack_settings(), img=images, files=files, ansible_managed="test")
+    return yaml.safe_load(text)

@@ -1,0 +1,157 @@
+"""Inventory -> topology -> rendered stack files: every inventory shape renders a valid stack."""
+from __future__ import annotations
+
+import pytest
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.vars.manager import VariableManager
+
+from tests.unit.stack_render import REPO, filters, render
+
+IGNORED = ["edge", "ungrouped"]
+
+
+def load_inventory(path):
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(path)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    hostvars = {h.name: {**variables.get_vars(host=h), "group_names": sorted(g.name for g in h.get_groups()
+                                                                             if g.name != "all")}
+                for h in inventory.get_hosts()}
+    groups = {g: [h.name for h in inventory.get_hosts(pattern=g)] for g in inventory.groups}
+    return hostvars, groups
+
+
+@pytest.fixture(scope="module")
+def example():
+    return load_inventory(REPO / "inventory.example")
+
+
+def test_example_inventory_gives_three_of_each_per_site(example):
+    hostvars, groups = example
+    for group in ("datacenter", "site_a", "site_b"):
+        topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"),
+                                         "datacenter" if group == "datacenter" else "edge")
+        assert [len(topology[r]) for r in ("zookeeper", "kafka", "cassandra")] == [3, 3, 3]
+    assert topology["zookeeper_connect"] == "zookeeper-1:2181,zookeeper-2:2181,zookeeper-3:2181"
+
+
+def test_relay_sees_every_edge_site_with_external_bootstrap(example):
+    hostvars, groups = example
+    sites = filters.edge_sites(hostvars, groups, "edge", IGNORED, 9094)
+    assert sites == [
+        {"alias": "site-a", "group": "site_a", "bootstrap": "10.20.0.11:9094,10.20.0.12:9094,10.20.0.13:9094"},
+        {"alias": "site-b", "group": "site_b", "bootstrap": "10.30.0.11:9094,10.30.0.12:9094,10.30.0.13:9094"},
+    ]
+
+
+def _hosts(**per_host):
+    return {name: {"swarm_role": "manager", **v} for name, v in per_host.items()}
+
+
+SMALL_SITE = _hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True, "mqtt_node": True})
+
+
+@pytest.mark.parametrize("hostvars, message", [
+    (_hosts(n1={"swarm_role": "boss"}), "n1: swarm_role='boss' must be manager or worker"),
+    (_hosts(n1={"zookeeper_id": 1, "kafka_id": "one", "cassandra_id": 1, "apps_node": True, "mqtt_node": True}),
+     "n1: kafka_id='one' must be a whole number"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "worker", "kafka_id": 1}}, "n2: kafka_id=1 is already used by n1"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "worker", "kafka_id": 3}}, r"kafka_id values \[1, 3\] must run 1..2"),
+    (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "apps_node": True, "mqtt_node": True}),
+     "no host has cassandra_id"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "manager"}}, "2 managers; use an odd number"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "worker", "zookeeper_id": 2}}, "2 ZooKeeper nodes; use an odd number"),
+    (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "mqtt_node": True}),
+     "exactly one host needs apps_node=true"),
+])
+def test_bad_inventory_is_named(hostvars, message):
+    with pytest.raises(Exception, match=message):
+        filters.site_topology(hostvars, list(hostvars), "site-x", "edge")
+
+
+def test_bad_site_alias_is_named():
+    with pytest.raises(Exception, match="site_alias='Site A' must be lowercase"):
+        filters.site_topology(SMALL_SITE, ["n1"], "Site A")
+
+
+def test_node_labels_and_images_follow_the_host_variables():
+    host = {"zookeeper_id": "2", "kafka_id": 2, "apps_node": "true"}
+    assert filters.node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
+    assert filters.node_images(host, "edge", False) == ["kafka", "services", "spark"]
+    assert filters.node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka"]
+
+
+def test_mosquitto_password_file_is_stable_and_salted_per_user():
+    first = filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a")
+    assert first == filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a")
+    lines = first.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["bridge", "device"]
+    assert lines[0].split(":")[1] != lines[1].split(":")[1], "same password must not give the same hash"
+    assert lines[0].split(":")[1].startswith("$7$101$")
+
+
+def _services(stack):
+    return stack["services"]
+
+
+@pytest.mark.parametrize("group, tier", [("site_a", "edge"), ("site_b", "edge"), ("datacenter", "datacenter")])
+def test_every_rendered_service_is_complete(example, group, tier):
+    hostvars, groups = example
+    topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
+    stack = render(tier, topology)
+    for name, service in _services(stack).items():
+        deploy = service["deploy"]
+        assert deploy["endpoint_mode"] == "dnsrr", name
+        assert deploy["placement"]["constraints"], name
+        assert {"limits", "reservations"} <= set(deploy["resources"]), name
+        assert deploy["restart_policy"]["condition"] == "any", name
+        assert deploy["update_config"]["parallelism"] == 1, name
+        assert service["healthcheck"]["test"], name
+        for port in service.get("ports", []):
+            assert port["mode"] == "host", f"{name}: ingress ports need IPVS, which the test machines lack"
+        assert "environment" not in service or not any(
+            "PASSWORD" in k and not k.endswith("_FILE") for k in service["environment"]), f"{name}: secret in env"
+
+
+def test_stateful_services_are_one_per_node_with_own_volume(example):
+    hostvars, groups = example
+    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    services = _services(stack)
+    for role in ("zookeeper", "kafka", "cassandra"):
+        for n in (1, 2, 3):
+            service = services[f"{role}-{n}"]
+            assert service["deploy"]["replicas"] == 1
+            assert service["deploy"]["placement"]["constraints"] == [f"node.labels.iot.{role} == {n}"]
+            assert service["volumes"][0].startswith(f"{role}-{n}-data:")
+            assert f"{role}-{n}-data" in stack["volumes"]
+    kafka = services["kafka-2"]["environment"]
+    assert kafka["KAFKA_ADVERTISED_LISTENERS"] == "INTERNAL://kafka-2:9092,EXTERNAL://10.20.0.12:9094"
+    assert kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3" and kafka["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+
+
+def test_bridge_gets_a_stable_client_id_per_replica(example):
+    hostvars, groups = example
+    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    assert _services(stack)["bridge"]["environment"]["BRIDGE_CLIENT_ID"] == "bridge-{{.Task.Slot}}"
+
+
+def test_datacenter_runs_mirrormaker_and_no_mqtt(example):
+    hostvars, groups = example
+    services = _services(render("datacenter", filters.site_topology(hostvars, groups["datacenter"], "datacenter",
+                                                                    "datacenter")))
+    assert "mirrormaker" in services and "mosquitto" not in services and "bridge" not in services
+
+
+def test_config_and_secret_names_carry_a_content_hash(example):
+    hostvars, groups = example
+    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    assert stack["secrets"]["mosquitto_passwd"]["name"].startswith("site-a_mosquitto_passwd_")
+    assert len(stack["secrets"]["mosquitto_passwd"]["name"].rsplit("_", 1)[1]) == 12
+
+
+def test_single_node_site_renders_with_replication_one():
+    stack = render("edge", filters.site_topology({"n1": {**SMALL_SITE["n1"], "ansible_host": "172.20.0.5"}}, ["n1"],
+                                                 "site-b"))
+    kafka = stack["services"]["kafka-1"]["environment"]
+    assert kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "1" and kafka["KAFKA_MIN_INSYNC_REPLICAS"] == "1"
