@@ -1,10 +1,358 @@
-"""The MQTT-to-Kafka bridge. Not implemented yet: see issue 3."""
+"""The MQTT-to-Kafka bridge: at-least-once from the device's PUBACK to Kafka's acks=all.
+
+One thread does everything: paho's network I/O (through its external-loop API:
+loop_read/loop_write/loop_misc), the producer's delivery reports (`poll`) and the
+command consumer. So on_message, delivery reports, PUBACKs and reconnects never
+race, and a PUBACK can never reach a newer connection than the one the message
+came on.
+
+Ack and back-pressure
+  A message is PUBACKed only after its Kafka record (or its dead-letter record)
+  was acknowledged, in arrival order (bridge_records.Window). At most `window`
+  messages are unacked: the bridge sends the window as MQTT v5 Receive Maximum,
+  so the broker itself stops sending when it is full, and the loop also stops
+  reading. Mosquitto caps what it has in flight to one client at
+  max_inflight_messages (image default 1000, MOSQUITTO_MAX_INFLIGHT_MESSAGES):
+  keep that >= the window, or the smaller of the two is the real window. The rest
+  waits in the session's queue (max_queued_messages). Throughput is bounded by
+  window / Kafka round trip (1000 / ~10 ms = 100k msg/s), so acking late is free.
+
+Kafka failures
+  Kafka down: deliveries stop, the window fills, the broker stops sending and
+  queues for the session; devices keep what the broker will not take. The
+  idempotent producer retries on its own until message.timeout.ms; a record it
+  finally fails is produced again (after 1 s) and its message stays unacked, so a
+  message is acked only after some delivery of it succeeded. A record Kafka can
+  never take (too large, invalid) goes to dead-letter instead. A fatal producer
+  error ends the process without acking: the broker redelivers to the next one.
+  If the MQTT connection drops, the window is forgotten (not acked) and the
+  broker redelivers on the resumed session: duplicates are possible, loss is not.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import select
 import sys
+import time
+
+import paho.mqtt.client as mqtt
+from confluent_kafka import KafkaError, Producer
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from services import bridge_metrics as metrics
+from services import bridge_settings
+from services.bridge_commands import CommandForwarder
+from services.bridge_records import KAFKA_REJECTED, Entry, OutRecord, Router, Window, dead_letter
+from services.mapping import DEFAULT_RULES, Mapping, MappingError
+from services.observability import StopFlag, kv, serve_http, setup_logging
+from services.settings import SettingsError
+
+log = logging.getLogger("bridge")
+
+# Errors no retry can fix: such a record goes to dead-letter instead.
+_PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
+              KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
+RETRY_DELAY_S = 1.0
+KAFKA_HEALTHY_WITHIN_S = 30.0
+READ_BATCH = 500           # messages read per loop turn before serving Kafka again
 
 
-def main() -> int:
-    print("iot-bridge: not implemented yet (issue 3)", file=sys.stderr)
-    return 2
+def producer_config(s: bridge_settings.BridgeSettings) -> dict:
+    return {
+        "bootstrap.servers": s.kafka_bootstrap, "client.id": s.client_id,
+        "enable.idempotence": True, "acks": "all",
+        "linger.ms": s.kafka_linger_ms, "batch.num.messages": 10000, "batch.size": 1048576,
+        "compression.type": "lz4",
+        "message.timeout.ms": s.kafka_message_timeout_ms,
+        # The window bounds what is queued; this only has to be larger.
+        "queue.buffering.max.messages": max(100000, 4 * s.window),
+        "statistics.interval.ms": 5000,
+    }
+
+
+class Bridge:
+    def __init__(self, s: bridge_settings.BridgeSettings, mapping: Mapping, stop: StopFlag,
+                 producer: Producer | None = None):
+        self.s, self.stop = s, stop
+        self.router = Router(mapping, s.dead_letter_topic, s.max_payload_bytes, s.site)
+        self.subscriptions = [f"$share/{s.share_group}/{sub}" for sub in mapping.subscriptions()]
+        self.window = Window(s.window)
+        self.connected = False
+        self.fatal: str | None = None
+        self.kafka_ok_at = 0.0
+        self.reconnect_at = 0.0
+        self.backoff = 0.5
+        self.retries: list[tuple[float, int]] = []
+        self.log_after: dict[str, float] = {}
+        self.producer = producer or Producer({**producer_config(s), "error_cb": self._kafka_error,
+                                              "stats_cb": self._kafka_stats})
+        self.client = self._mqtt_client()
+        self.commands = None
+        if s.commands_topic:
+            self.commands = CommandForwarder(s.kafka_bootstrap, s.commands_topic, s.commands_group, s.client_id,
+                                             s.dead_letter_topic, s.site, self._produce_dead_letter)
+            self.client.on_publish = self.commands.on_publish
+
+    # ------------------------------------------------------------ MQTT
+
+    def _mqtt_client(self) -> mqtt.Client:
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.s.client_id,
+                             protocol=MQTTProtocolVersion.MQTTv5)
+        client.manual_ack_set(True)
+        if self.s.mqtt_username:
+            client.username_pw_set(self.s.mqtt_username, self.s.mqtt_password)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.s.session_expiry_s
+        props.ReceiveMaximum = self.s.window
+        client.connect_async(self.s.mqtt_host, self.s.mqtt_port, self.s.keepalive_s, clean_start=False,
+                             properties=props)
+        client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
+        client.on_message, client.on_subscribe = self._on_message, self._on_subscribe
+        return client
+
+    def _on_connect(self, client, _userdata, flags, reason_code, _props) -> None:
+        if reason_code.is_failure:
+            log.error("MQTT connection refused", extra=kv(
+                reason=reason_code.getName(), host=self.s.mqtt_host,
+                fix="check BRIDGE_MQTT_USERNAME, the mqtt_password secret and the broker's password file/ACL"))
+            return
+        self.connected, self.backoff = True, 0.5
+        metrics.MQTT_CONNECTED.set(1)
+        log.info("MQTT connected", extra=kv(client_id=self.s.client_id, session_present=flags.session_present,
+                                            subscriptions=",".join(self.subscriptions)))
+        client.subscribe([(sub, SubscribeOptions(qos=1)) for sub in self.subscriptions])
+
+    def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _props) -> None:
+        for sub, code in zip(self.subscriptions, reason_codes, strict=False):
+            if code.is_failure:
+                log.error("subscription refused", extra=kv(filter=sub, reason=code.getName(),
+                                                           fix="allow the bridge user to read it in the ACL"))
+
+    def _on_disconnect(self, _client, _userdata, _flags, reason_code, _props) -> None:
+        was = self.connected
+        self.connected = False
+        metrics.MQTT_CONNECTED.set(0)
+        dropped = self.window.reset()
+        metrics.REDELIVERY_EXPECTED.inc(dropped)
+        metrics.IN_FLIGHT.set(0)
+        self.reconnect_at = time.monotonic() + (0.2 if was else self.backoff)
+        if not was:
+            self.backoff = min(self.backoff * 2, 10.0)
+        if was or dropped:
+            log.warning("MQTT disconnected", extra=kv(reason=reason_code.getName() if reason_code else "-",
+                                                      unacked_redelivered_by_broker=dropped))
+
+    def _on_message(self, _client, _userdata, msg: mqtt.MQTTMessage) -> None:
+        metrics.RECEIVED.inc()
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:        # paho raises on a non-UTF-8 topic
+            topic = msg._topic.decode(errors="replace")
+        user = getattr(msg.properties, "UserProperty", None) if msg.properties else None
+        now_ms = int(time.time() * 1000)
+        try:
+            record = self.router.route(topic, msg.payload, user, now_ms)
+        except Exception as err:          # noqa: BLE001 - a bug must not lose or crash; dead-letter it
+            record = dead_letter(self.s.dead_letter_topic, topic, None, msg.payload, "unprocessable",
+                                 repr(err), now_ms)
+        self._produce(self.window.add(msg.mid, msg.qos, time.monotonic(), record))
+
+    def _io(self, read: bool, timeout: float) -> None:
+        sock = self.client.socket()
+        if sock is None:
+            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
+                self._reconnect()
+            time.sleep(min(timeout, 0.05))
+            return
+        rlist = [sock] if read else []
+        wlist = [sock] if self.client.want_write() else []
+        readable, _, _ = select.select(rlist, wlist, [], timeout)
+        if readable:
+            for _ in range(min(READ_BATCH, max(1, self.window.room()))):
+                before = self.window.added
+                if self.client.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS or self.window.added == before:
+                    break
+        if self.client.socket() is not None and self.client.want_write():
+            self.client.loop_write()
+        self.client.loop_misc()
+
+    def _reconnect(self) -> None:
+        try:
+            self.client.reconnect()
+        except OSError as err:
+            self.reconnect_at = time.monotonic() + self.backoff
+            self._log_rarely("mqtt-connect", logging.WARNING, "MQTT broker unreachable, retrying",
+                             host=self.s.mqtt_host, port=self.s.mqtt_port, error=err, retry_in_s=self.backoff)
+            self.backoff = min(self.backoff * 2, 10.0)
+
+    # ------------------------------------------------------------ Kafka
+
+    def _produce(self, entry: Entry) -> None:
+        rec, seq = entry.record, entry.seq
+        self._send(rec, lambda err, _msg: self._delivered(seq, err, rec.topic))
+
+    def _send(self, rec: OutRecord, on_delivery) -> None:
+        while True:
+            try:
+                self.producer.produce(rec.topic, rec.value, rec.key, headers=rec.headers, on_delivery=on_delivery)
+                return
+            except BufferError:               # local queue full: serve reports, then try again
+                self.producer.poll(0.1)
+            except Exception as err:          # noqa: BLE001 - e.g. KafkaException(MSG_SIZE_TOO_LARGE)
+                error = err.args[0] if err.args and isinstance(err.args[0], KafkaError) else \
+                    KafkaError(KafkaError._INVALID_ARG, str(err))
+                on_delivery(error, None)
+                return
+
+    def _delivered(self, seq: int, err: KafkaError | None, topic: str) -> None:
+        if err is None:
+            self.kafka_ok_at = time.monotonic()
+            metrics.PRODUCED.labels(topic).inc()
+        entry = self.window.get(seq)
+        if entry is None:                     # its connection is gone: the broker redelivers the message
+            return
+        if err is not None:
+            self._failed(entry, err)
+            return
+        entry.delivered = True
+        metrics.DELIVERY_LATENCY.observe(self.kafka_ok_at - entry.received)
+        if entry.record.reason:
+            metrics.DEAD_LETTERED.labels(entry.record.reason).inc()
+
+    def _failed(self, entry: Entry, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = f"fatal Kafka producer error: {err}"
+            return
+        if entry.record.reason is None and err.code() in _PERMANENT:
+            rec = entry.record
+            source = next((v.decode() for k, v in rec.headers if k == "mqtt_topic"), rec.topic)
+            entry.record = dead_letter(self.s.dead_letter_topic, source, rec.key, rec.value, KAFKA_REJECTED,
+                                       f"Kafka refused the record for {rec.topic}: {err.str()}",
+                                       int(time.time() * 1000), rec.headers)
+            self._produce(entry)
+            return
+        metrics.KAFKA_RETRIES.inc()
+        self._log_rarely("kafka-retry", logging.WARNING, "Kafka delivery failed; the message stays unacked "
+                         "and is produced again", topic=entry.record.topic, error=err.str())
+        self.retries.append((time.monotonic() + RETRY_DELAY_S, entry.seq))
+
+    def _retry_due(self) -> None:
+        if not self.retries or self.retries[0][0] > time.monotonic():
+            return
+        now, due = time.monotonic(), self.retries
+        self.retries = [r for r in due if r[0] > now]
+        for _, seq in (r for r in due if r[0] <= now):
+            entry = self.window.get(seq)
+            if entry is not None:
+                self._produce(entry)
+
+    def _produce_dead_letter(self, record: OutRecord, done) -> None:
+        """For the command path: produce, produce again on failure, call done() once Kafka has it."""
+        def on_delivery(err, _msg):
+            if err is None:
+                metrics.PRODUCED.labels(record.topic).inc()
+                done()
+            elif err.fatal():
+                self.fatal = f"fatal Kafka producer error: {err}"
+            else:
+                self._send(record, on_delivery)
+        self._send(record, on_delivery)
+
+    def _kafka_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = f"fatal Kafka producer error: {err}"
+        self._log_rarely(f"kafka-{err.code()}", logging.WARNING, "Kafka client error", error=err.str(),
+                         bootstrap=self.s.kafka_bootstrap)
+
+    def _kafka_stats(self, raw: str) -> None:
+        brokers = json.loads(raw).get("brokers", {}).values()
+        if any(b.get("state") == "UP" and b.get("nodeid", -1) >= 0 for b in brokers):
+            self.kafka_ok_at = time.monotonic()
+
+    # ------------------------------------------------------------ loop
+
+    def _ack(self) -> None:
+        for entry in self.window.pop_ackable():
+            if entry.qos:
+                self.client.ack(entry.mid, entry.qos)
+                metrics.ACKED.inc()
+        metrics.IN_FLIGHT.set(len(self.window))
+
+    def health(self) -> tuple[bool, str]:
+        kafka_age = time.monotonic() - self.kafka_ok_at
+        ok = self.connected and kafka_age < KAFKA_HEALTHY_WITHIN_S
+        return ok, (f"{'ok' if ok else 'unhealthy'} mqtt_connected={self.connected} "
+                    f"kafka_last_answer_s={kafka_age:.1f} in_flight={len(self.window)}")
+
+    def run(self) -> int:
+        log.info("bridge starting", extra=kv(client_id=self.s.client_id, mqtt=f"{self.s.mqtt_host}:{self.s.mqtt_port}",
+                                             kafka=self.s.kafka_bootstrap, window=self.s.window,
+                                             commands=self.s.commands_topic or "off"))
+        drain_until = None
+        try:
+            while self.fatal is None:
+                if self.stop.is_set():
+                    # Stop taking messages; let Kafka confirm what is in flight and ack it.
+                    drain_until = drain_until or time.monotonic() + self.s.drain_s
+                    if len(self.window) == 0 or time.monotonic() >= drain_until or not self.connected:
+                        break
+                busy = len(self.window) or self.retries
+                self._io(read=drain_until is None and self.window.room() > 0, timeout=0.001 if busy else 0.05)
+                self.producer.poll(0)
+                self._retry_due()
+                if self.connected:
+                    self._ack()
+                    if self.commands and drain_until is None:
+                        self.commands.pump(self.client)
+        finally:
+            self._shutdown()
+        if self.fatal:
+            log.error("bridge stopped on a fatal error; unacked messages are redelivered by the broker",
+                      extra=kv(error=self.fatal))
+            return 1
+        return 0
+
+    def _shutdown(self) -> None:
+        unacked = len(self.window)
+        if self.client.socket() is not None:
+            self.client.disconnect()          # session persists: the broker keeps unacked messages
+            for _ in range(20):
+                if self.client.socket() is None or self.client.loop_write() != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    break
+                time.sleep(0.01)
+        left = self.producer.flush(2.0)
+        if self.commands:
+            self.commands.close()
+        log.info("bridge stopped", extra=kv(unacked_left_to_broker=unacked, kafka_unflushed=left))
+
+    def _log_rarely(self, key: str, level: int, msg: str, **fields) -> None:
+        now = time.monotonic()
+        if now >= self.log_after.get(key, 0.0):
+            self.log_after[key] = now + 10.0
+            log.log(level, msg, extra=kv(**fields))
+
+
+def load_mapping(path: str | None) -> Mapping:
+    return Mapping.from_file(path) if path else Mapping.from_dicts(DEFAULT_RULES)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        s = bridge_settings.from_args(argv)
+        setup_logging("bridge", s.log_level)
+        mapping = load_mapping(s.mapping_file)
+    except (SettingsError, MappingError, ValueError) as err:
+        print(f"iot-bridge: {err}", file=sys.stderr)
+        return 2
+    stop = StopFlag()
+    bridge = Bridge(s, mapping, stop)
+    if s.metrics_port:
+        serve_http(s.metrics_port, bridge.health)
+    return bridge.run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,289 @@
+"""The bridge from the services image between a real Mosquitto and a real Kafka: at-least-once, dead
+letters, SIGKILL and Kafka outages, and the command path. Tests use disjoint sensor ids, so they share
+one stack and count only their own records.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+import uuid
+
+import paho.mqtt.client as mqtt
+import pytest
+from confluent_kafka import Consumer, Producer
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from services import contracts
+from tests.integration.docker_lab import docker, free_port, image, wait_until
+from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+
+SITE = "site-a"
+DEVICE, DEVICE_PW = "device", "device-pw"
+BRIDGE, BRIDGE_PW = "bridge", "bridge-pw"
+MAX_PAYLOAD = 4096
+
+
+@pytest.fixture(scope="module")
+def stack(lab, tmp_path_factory):
+    secrets = tmp_path_factory.mktemp("bridge-secrets")
+    secrets.chmod(0o777)
+    docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"), "sh", "-c",
+           f"mosquitto_passwd -b -c /out/passwd {DEVICE} {DEVICE_PW} && "
+           f"mosquitto_passwd -b /out/passwd {BRIDGE} {BRIDGE_PW} && chmod 644 /out/passwd")
+    (secrets / "mqtt_password").write_text(BRIDGE_PW + "\n")
+    (secrets / "mqtt_password").chmod(0o644)
+    mqtt_port, metrics_port = free_port(), free_port()
+    lab.run("mosquitto", "mosquitto", ports={mqtt_port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
+            env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
+    cluster = start_kafka_cluster(lab)
+    create_topics(cluster, contracts.TEMPERATURE_DATA, contracts.DEAD_LETTER, contracts.DEVICE_COMMANDS)
+    bridge = lab.run("services", "bridge", "iot-bridge", memory="256m", ports={metrics_port: 9102},
+                     volumes={str(secrets): "/run/secrets:ro"}, env={
+                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE,
+                         "BRIDGE_CLIENT_ID": "bridge-1", "BRIDGE_KAFKA_BOOTSTRAP": cluster.internal,
+                         "BRIDGE_SITE": SITE, "BRIDGE_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD),
+                         # Short enough that the Kafka outage test also exercises re-produce.
+                         "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS": "15000"})
+    stack = {"mqtt_port": mqtt_port, "metrics": f"http://127.0.0.1:{metrics_port}", "kafka": cluster.external,
+             "bridge": bridge, "broker": f"{lab.network}-{cluster.broker}", "lab": lab}
+    wait_until("bridge healthy", lambda: _health(stack)[0] == 200, timeout=120,
+               on_timeout=lambda: lab.logs("bridge") + lab.logs("mosquitto"))
+    return stack
+
+
+# ------------------------------------------------------------------ helpers
+
+def _health(stack) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(stack["metrics"] + "/healthz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _metric(stack, name: str) -> float:
+    with urllib.request.urlopen(stack["metrics"] + "/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not exported")
+
+
+def _device(stack, client_id: str) -> tuple[mqtt.Client, set[int], dict[int, tuple[str, int]]]:
+    """A real device connection; returns the client, the set of PUBACKed mids and mid -> identity."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(DEVICE, DEVICE_PW)
+    client.max_inflight_messages_set(100)
+    acked: set[int] = set()
+    lock = threading.Lock()
+
+    def on_publish(_c, _u, mid, reason_code, _p):
+        if not reason_code.is_failure:
+            with lock:
+                acked.add(mid)
+
+    client.on_publish = on_publish
+    client.connect("127.0.0.1", stack["mqtt_port"])
+    client.loop_start()
+    return client, acked, {}
+
+
+def _reading(sensor: str, ts: int) -> bytes:
+    return json.dumps({"sensor_id": sensor, "timestamp": ts, "temperature": 20.5, "unit": "C"}).encode()
+
+
+def _publish_readings(client, sent: dict, prefix: str, count: int, sensors: int = 10, pause_every: int = 0,
+                      props: Properties | None = None) -> None:
+    for i in range(count):
+        sensor = f"{prefix}-{i % sensors}"
+        info = client.publish(f"sites/{SITE}/sensors/{sensor}/temperature", _reading(sensor, i), qos=1,
+                              properties=props)
+        sent[info.mid] = (sensor, i)
+        if pause_every and i % pause_every == 0:
+            time.sleep(0.05)
+
+
+def _records(stack, topic: str, want, timeout: float = 180) -> list:
+    """Read `topic` from the start until want(records) holds; returns the records seen."""
+    consumer = Consumer({"bootstrap.servers": stack["kafka"], "group.id": f"test-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    seen, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=1.0):
+                if not msg.error():
+                    seen.append(msg)
+            if want(seen):
+                return seen
+        return seen
+    finally:
+        consumer.close()
+
+
+def _with_prefix(records, prefix: str) -> list:
+    return [r for r in records if r.key() and r.key().decode().startswith(prefix + "-")]
+
+
+def _identities(records) -> set[tuple[str, int]]:
+    out = set()
+    for r in records:
+        value = json.loads(r.value())
+        out.add((value["sensor_id"], value["timestamp"]))
+    return out
+
+
+# ------------------------------------------------------------------ tests
+
+def test_bridge_delivers_each_qos1_reading_exactly_once_with_key_and_headers(stack):
+    count, prefix = 2000, f"ok{uuid.uuid4().hex[:4]}"
+    client, acked, sent = _device(stack, "device-ok")
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = ("firmware", "1.4.2")
+    try:
+        _publish_readings(client, sent, prefix, count, props=props)
+        wait_until("device PUBACKs", lambda: len(acked) == count, timeout=120)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    records = _with_prefix(_records(stack, contracts.TEMPERATURE_DATA,
+                                    lambda rs: len(_with_prefix(rs, prefix)) >= count), prefix)
+    time.sleep(2)   # then make sure nothing more trickles in
+    records = _with_prefix(_records(stack, contracts.TEMPERATURE_DATA,
+                                    lambda rs: len(_with_prefix(rs, prefix)) >= len(records), 60), prefix)
+    assert len(records) == count
+    assert _identities(records) == set(sent.values())
+    for r in records[:50]:
+        value, headers = json.loads(r.value()), dict(r.headers())
+        assert r.key().decode() == value["sensor_id"]
+        assert headers[contracts.HEADER_SITE] == SITE.encode()
+        assert abs(int(headers[contracts.HEADER_INGEST_MS]) - time.time() * 1000) < 600_000
+        assert headers[contracts.HEADER_MQTT_TOPIC] == f"sites/{SITE}/sensors/{value['sensor_id']}/temperature".encode()
+        assert headers["firmware"] == b"1.4.2"
+
+
+BAD_INPUTS = {
+    "invalid_json": ("sites/site-a/sensors/bad-1/temperature", b"{not json"),
+    "contract_violation": ("sites/site-a/sensors/bad-2/temperature",
+                           b'{"timestamp": 1, "temperature": 20.0, "unit": "X"}'),
+    "contract_violation-non-numeric": ("sites/site-a/sensors/bad-3/temperature",
+                                       b'{"timestamp": 1, "temperature": "hot", "unit": "C"}'),
+    "oversized": ("sites/site-a/sensors/bad-4/temperature", b"x" * (MAX_PAYLOAD + 1)),
+    "unmapped": ("sites/site-a/sensors//temperature", _reading("bad-5", 1)),
+}
+
+
+def test_each_kind_of_bad_input_lands_in_dead_letter_with_its_reason_and_bridge_keeps_running(stack):
+    client, acked, sent = _device(stack, "device-bad")
+    try:
+        for topic, payload in BAD_INPUTS.values():
+            client.publish(topic, payload, qos=1).wait_for_publish(30)
+        _publish_readings(client, sent, "after-bad", 5)
+        wait_until("device PUBACKs", lambda: len(acked) == len(BAD_INPUTS) + 5, timeout=60)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    topics = {topic for topic, _ in BAD_INPUTS.values()}
+
+    def ours(rs):
+        return [r for r in rs if dict(r.headers() or ()).get(contracts.HEADER_DLQ_SOURCE, b"").decode() in topics]
+
+    dead = ours(_records(stack, contracts.DEAD_LETTER, lambda rs: len(ours(rs)) >= len(BAD_INPUTS)))
+    by_source = {dict(r.headers())[contracts.HEADER_DLQ_SOURCE].decode(): r for r in dead}
+    assert len(dead) == len(BAD_INPUTS)
+    for kind, (topic, payload) in BAD_INPUTS.items():
+        record = by_source[topic]
+        headers = dict(record.headers())
+        assert headers[contracts.HEADER_DLQ_REASON].decode().startswith(kind.split("-")[0] + ":"), headers
+        assert record.value() == payload
+        assert int(headers[contracts.HEADER_DLQ_TIME_MS]) > 0
+        expected_key = topic if kind == "unmapped" else topic.split("/")[3]
+        assert record.key().decode() == expected_key
+    # It kept running: the good readings behind the bad ones arrived, and everything was acked.
+    good = _records(stack, contracts.TEMPERATURE_DATA, lambda rs: len(_with_prefix(rs, "after-bad")) >= 5, 60)
+    assert len(_with_prefix(good, "after-bad")) == 5
+    wait_until("window empty", lambda: _metric(stack, "bridge_in_flight") == 0, timeout=30)
+    assert _metric(stack, 'bridge_dead_lettered_total{reason="oversized"}') >= 1
+
+
+def test_device_command_from_kafka_reaches_subscribed_mqtt_client(stack):
+    received, subscribed = [], threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="device-cmd", protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(DEVICE, DEVICE_PW)
+    client.on_connect = lambda c, *_: c.subscribe(f"sites/{SITE}/devices/dev-9/commands", qos=1)
+    client.on_subscribe = lambda *_: subscribed.set()
+    client.on_message = lambda _c, _u, msg: received.append((msg.topic, msg.payload))
+    client.connect("127.0.0.1", stack["mqtt_port"])
+    client.loop_start()
+    try:
+        assert subscribed.wait(30)
+        command = json.dumps({"device_id": "dev-9", "command": "reboot"}).encode()
+        producer = Producer({"bootstrap.servers": stack["kafka"]})
+        producer.produce(contracts.DEVICE_COMMANDS, command, b"dev-9")
+        producer.produce(contracts.DEVICE_COMMANDS, b'{"command": "no device"}', b"dev-x")
+        assert producer.flush(30) == 0
+        wait_until("command on MQTT", lambda: received, timeout=60)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    assert received == [(f"sites/{SITE}/devices/dev-9/commands", command)]
+    dead = _records(stack, contracts.DEAD_LETTER, lambda rs: any(
+        dict(r.headers() or ()).get(contracts.HEADER_DLQ_SOURCE) == contracts.DEVICE_COMMANDS.encode() for r in rs), 60)
+    assert any(r.key() == b"dev-x" for r in dead)
+
+
+def _stream_through_disruption(stack, prefix: str, count: int, disrupt) -> None:
+    """Publish `count` readings while `disrupt()` runs; every PUBACKed reading must reach Kafka."""
+    client, acked, sent = _device(stack, f"device-{prefix}")
+    publisher = threading.Thread(target=_publish_readings, args=(client, sent, prefix, count),
+                                 kwargs={"pause_every": 20}, daemon=True)
+    publisher.start()
+    try:
+        wait_until("first third acked", lambda: len(acked) >= count // 3, timeout=120)
+        disrupt()
+        publisher.join(300)
+        wait_until("device PUBACKs", lambda: len(acked) == count, timeout=180)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    must = {sent[mid] for mid in acked}
+    records = _records(stack, contracts.TEMPERATURE_DATA,
+                       lambda rs: must <= _identities(_with_prefix(rs, prefix)), timeout=300)
+    found = _identities(_with_prefix(records, prefix))
+    assert not must - found, f"{len(must - found)} acknowledged readings missing from Kafka"
+
+
+def test_bridge_redelivers_after_sigkill_so_no_acknowledged_reading_is_lost(stack):
+    def kill_and_restart():
+        docker("kill", "-s", "KILL", stack["bridge"])
+        time.sleep(3)
+        docker("start", stack["bridge"])
+
+    _stream_through_disruption(stack, "kill", 3000, kill_and_restart)
+    wait_until("bridge healthy again", lambda: _health(stack)[0] == 200, timeout=120)
+
+
+def test_sigterm_drains_and_exits_cleanly_within_the_grace_period(stack):
+    start = time.monotonic()
+    docker("stop", "-t", "15", stack["bridge"])
+    took = time.monotonic() - start
+    state = docker("inspect", "-f", "{{.State.ExitCode}}", stack["bridge"]).stdout.strip()
+    docker("start", stack["bridge"])
+    assert state == "0", stack["lab"].logs("bridge")
+    assert took < 12
+    wait_until("bridge healthy again", lambda: _health(stack)[0] == 200, timeout=120)
+
+
+def test_kafka_down_for_30s_mid_stream_loses_nothing(stack):
+    def outage():
+        docker("stop", "-t", "30", stack["broker"])
+        time.sleep(30)
+        wait_until("bridge reports Kafka gone", lambda: _health(stack)[0] == 503, timeout=60)
+        docker("start", stack["broker"])
+
+    _stream_through_disruption(stack, "outage", 3000, outage)
+    wait_until("bridge healthy again", lambda: _health(stack)[0] == 200, timeout=120)

@@ -1,0 +1,210 @@
+"""Benchmark: bridge QoS 1 throughput, PUBACK after Kafka ack versus a naive bridge that acks on receipt.
+
+    python -m tooling.bench_bridge [--messages 100000] [--publishers 4] [--window 1000]
+
+One run, same brokers, same input. Both bridges get a persistent session (their
+own shared-subscription group) before anything is published; then `--publishers`
+mosquitto_pub processes inside the Mosquitto container publish the messages at
+QoS 1, so Mosquitto queues the same N messages for both sessions. Each bridge is
+then started alone and timed until all N messages are in Kafka (late ack: and
+acked). Timing a queued backlog keeps the publisher out of the measurement
+entirely; its own rate is printed too. Afterwards the records of each bridge's
+topic are read back and counted (total and distinct), so "nothing lost" is checked
+rather than assumed.
+
+Everything stays on this machine: Mosquitto and Kafka run as containers of the
+project's images on a fresh lab network (removed at the end); the bridges run in
+this process and reach Mosquitto at its container address and Kafka through its
+127.0.0.1 port. Figures are indicative: a 2-core machine, shared with whatever
+else is running.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from confluent_kafka import Consumer, TopicPartition
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from services import bridge_metrics as metrics
+from services.bridge import Bridge
+from services.bridge_settings import BridgeSettings
+from services.mapping import Mapping
+from services.observability import StopFlag
+from tests.integration.docker_lab import Lab, docker, free_port, image, wait_until
+from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.progress import log
+
+USER, PASSWORD = "bench", "bench-pw"
+SITE = "bench"
+PARTITIONS = 3
+
+
+class NaiveBridge(Bridge):
+    """The baseline: PUBACK on receipt (paho's automatic ack). A crash loses what Kafka had not taken."""
+
+    def _mqtt_client(self) -> mqtt.Client:
+        client = super()._mqtt_client()
+        client.manual_ack_set(False)
+        return client
+
+    def _on_message(self, client, userdata, msg) -> None:
+        super()._on_message(client, userdata, msg)
+        self.window.delivered(self.window.added)     # counts as done at once: nothing waits for Kafka
+
+
+def _subscribe_session(host: str, variant: str, expiry: int) -> None:
+    """Create the bridge's persistent session and shared subscription before anything is published."""
+    done = threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{variant}",
+                         protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(USER, PASSWORD)
+    client.on_connect = lambda c, *_: c.subscribe(f"$share/bench-{variant}/sites/+/sensors/+/temperature", qos=1)
+    client.on_subscribe = lambda *_: done.set()
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = expiry
+    client.connect(host, 1883, clean_start=False, properties=props)
+    client.loop_start()
+    if not done.wait(30):
+        raise RuntimeError(f"no SUBACK for bench-{variant}")
+    client.disconnect()
+    client.loop_stop()
+
+
+def _publish(lab: Lab, messages: int, publishers: int) -> float:
+    """mosquitto_pub -l in the Mosquitto container, `publishers` processes in parallel; returns msg/s."""
+    per = messages // publishers
+    jobs = []
+    for n in range(publishers):
+        fmt = '{"sensor_id":"s<n>","timestamp":%d,"temperature":21.5,"unit":"C"}'.replace("<n>", str(n))
+        awk = "{printf \"" + fmt.replace('"', '\\"') + "\\n\", $1}"
+        jobs.append(f"seq {n * per} {(n + 1) * per - 1} | awk {shlex.quote(awk)} | mosquitto_pub -q 1 -M 1000 -l "
+                    f"-u {USER} -P {PASSWORD} -i pub-{n} -t sites/{SITE}/sensors/s{n}/temperature &")
+    script = " ".join(jobs)
+    start = time.monotonic()
+    result = lab.exec("mosquitto", "sh", "-c", f"{script} wait", timeout=600)
+    took = time.monotonic() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"mosquitto_pub failed: {result.stderr}")
+    return per * publishers / took
+
+
+def _kafka_counts(bootstrap: str, topic: str, expected: int) -> tuple[int, int]:
+    """(records, distinct readings) in `topic`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-count-{topic}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    total = 0
+    for p in range(PARTITIONS):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+        total += high - low
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen, read, deadline = set(), 0, time.monotonic() + 120
+    while read < total and time.monotonic() < deadline:
+        for msg in consumer.consume(10000, timeout=1.0):
+            if not msg.error():
+                read += 1
+                value = json.loads(msg.value())
+                seen.add((value["sensor_id"], value["timestamp"]))
+        log("count", f"{topic}: read {read}/{total}", every=5)
+    consumer.close()
+    return total, len(seen)
+
+
+def _run_bridge(variant: str, cls: type[Bridge], mqtt_host: str, kafka: str, messages: int, window: int,
+                stop: StopFlag, timeout: float) -> tuple[float, bool]:
+    """Drain the backlog with one bridge; (msg/s, finished). A timed-out run reports its partial rate."""
+    s = BridgeSettings(mqtt_host=mqtt_host, mqtt_username=USER, mqtt_password=PASSWORD,
+                       client_id=f"bench-{variant}", share_group=f"bench-{variant}", kafka_bootstrap=kafka,
+                       site=SITE, window=window, commands_topic=None, metrics_port=0, drain_s=5)
+    mapping = Mapping.from_dicts([{"mqtt": "sites/{site}/sensors/{sensor_id}/temperature",
+                                   "kafka_topic": f"bench-{variant}", "key": "{sensor_id}",
+                                   "contract": "temperature-reading"}])
+    bridge = cls(s, mapping, stop)
+    produced = metrics.PRODUCED.labels(f"bench-{variant}")
+    thread = threading.Thread(target=bridge.run, name=f"bridge-{variant}", daemon=True)
+    start = time.monotonic()
+    thread.start()
+    done_at = None
+    while time.monotonic() - start < timeout:
+        n = produced._value.get()
+        log(variant, f"{n:.0f}/{messages} in Kafka, in flight {len(bridge.window)}", every=2)
+        if n >= messages:
+            done_at = time.monotonic()
+            break
+        time.sleep(0.05)
+    stop.set()
+    thread.join(30)
+    if done_at is None:
+        n = produced._value.get()
+        log(variant, f"timed out after {timeout:.0f}s with {n:.0f}/{messages} (the rest stays queued in "
+                     "Mosquitto: unacked, not lost)", force=True)
+        return n / timeout, False
+    return messages / (done_at - start), True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_bridge", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000, help="messages per bridge (default 100000)")
+    p.add_argument("--publishers", type=int, default=4, help="mosquitto_pub processes (default 4)")
+    p.add_argument("--window", type=int, default=1000, help="late-ack bridge window (default 1000)")
+    p.add_argument("--timeout", type=float, default=50, help="seconds allowed per bridge (default 50)")
+    args = p.parse_args(argv)
+    if args.messages % args.publishers:
+        p.error("--messages must be a multiple of --publishers")
+
+    lab = Lab()
+    try:
+        secrets = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
+        secrets.chmod(0o777)
+        docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"), "mosquitto_passwd", "-b", "-c",
+               "/out/passwd", USER, PASSWORD)
+        log("bench", "starting mosquitto and kafka")
+        lab.run("mosquitto", "mosquitto", ports={free_port(): 1883}, volumes={str(secrets): "/run/secrets:ro"},
+                env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="768m")
+        mqtt_host = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                           f"{lab.network}-mosquitto").stdout.strip()
+        cluster = start_kafka_cluster(lab)
+        create_topics(cluster, "bench-late", "bench-naive", partitions=PARTITIONS)
+        wait_until("mosquitto", lambda: _subscribe_session(mqtt_host, "late", 3600) is None, timeout=60)
+        _subscribe_session(mqtt_host, "naive", 3600)
+        log("bench", f"publishing {args.messages} QoS 1 messages with {args.publishers} mosquitto_pub")
+        pub_rate = _publish(lab, args.messages, args.publishers)
+        log("bench", f"published at {pub_rate:,.0f} msg/s; Mosquitto now queues them for both bridges")
+
+        stop = StopFlag()
+        rates = {}
+        for variant, cls in (("naive", NaiveBridge), ("late", Bridge)):
+            stop._event.clear()
+            log("bench", f"draining with the {variant} bridge")
+            rates[variant] = _run_bridge(variant, cls, mqtt_host, cluster.external, args.messages, args.window,
+                                         stop, args.timeout)
+        counts = {v: _kafka_counts(cluster.external, f"bench-{v}", args.messages) for v in rates}
+    finally:
+        lab.close()
+
+    print(f"\nbridge benchmark: {args.messages} QoS 1 messages, window {args.window}, publisher "
+          f"{pub_rate:,.0f} msg/s (not timed: the backlog was queued first)")
+    for v in ("naive", "late"):
+        total, distinct = counts[v]
+        rate, finished = rates[v]
+        print(f"  {v:5} ({'PUBACK on receipt' if v == 'naive' else 'PUBACK after Kafka ack'}): "
+              f"{rate:>9,.0f} msg/s{'' if finished else ' (timed out, partial)'}   "
+              f"in Kafka: {total} records, {distinct} distinct of {args.messages}")
+    ratio = rates["late"][0] / rates["naive"][0]
+    ok = counts["late"][1] == args.messages and rates["late"][0] >= 20_000
+    print(f"  late / naive = {ratio:.2f}; target >= 20,000 msg/s with nothing lost: {'met' if ok else 'NOT met'}")
+    return 0 if counts["late"][1] == args.messages else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
