@@ -75,7 +75,7 @@ def schema_statements(settings: Settings, mappings: tuple[Mapping, ...]) -> list
 
 def connect_cassandra(settings: Settings, stop: Stop):
     """A driver session, retrying until Cassandra answers (Swarm starts services in any order)."""
-    from cassandra import ConsistencyLevel
+    from cassandra import ConsistencyLevel, UnresolvableContactPoints
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
@@ -87,14 +87,18 @@ def connect_cassandra(settings: Settings, stop: Stop):
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
     delay = 1.0
     while not stop.is_set():
-        # Reconnect within 10 s after an outage; the driver's default backs off to 10 minutes.
-        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
-                          execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
-                          reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
+        cluster = None
         try:
+            # Reconnect within 10 s after an outage; the driver's default backs off to 10 minutes.
+            # In Swarm a service's name resolves only once its task is healthy, so even
+            # the contact points may be unresolvable for a while.
+            cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
+                              execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
+                              reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
             return cluster.connect()
-        except (NoHostAvailable, OSError) as err:
-            cluster.shutdown()
+        except (NoHostAvailable, UnresolvableContactPoints, OSError) as err:
+            if cluster is not None:
+                cluster.shutdown()
             log.warning("cassandra not reachable, retrying", extra=kv(
                 hosts=",".join(settings.cassandra_hosts), retry_s=delay, error=str(err)[:300]))
             time.sleep(delay)

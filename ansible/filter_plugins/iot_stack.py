@@ -187,8 +187,21 @@ def stack_files(spec: dict, home: str) -> dict:
             for kind in ("configs", "secrets")}
 
 
+def unconverged(lines: list[str]) -> list[str]:
+    """Services of `docker stack services --format '{{.Name}} {{.Replicas}}'` not running all replicas."""
+    pending = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        running, _, wanted = parts[1].partition("/")
+        if running != wanted:
+            pending.append(parts[0])
+    return pending
+
+
 class FilterModule:
     def filters(self):
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
-                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files}
+                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged}

@@ -36,7 +36,7 @@ def stack_settings() -> dict:
                  "max_queued_messages": d["stack_mqtt_max_queued_messages"]},
         "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
         "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
-        "cassandra_cluster_name": "test", "cassandra_dc": "test",
+        "cassandra_cluster_name": "test", "cassandra_dc": "test", "cassandra_fast_start": False,
         "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
     }
 

@@ -155,3 +155,17 @@ def test_single_node_site_renders_with_replication_one():
                                                  "site-b"))
     kafka = stack["services"]["kafka-1"]["environment"]
     assert kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "1" and kafka["KAFKA_MIN_INSYNC_REPLICAS"] == "1"
+
+
+def test_unconverged_lists_services_missing_replicas():
+    lines = ["site-a_kafka-1 1/1", "site-a_bridge 0/2", "site-a_rollups 2/2 (max 1 per node)", ""]
+    assert filters.unconverged(lines) == ["site-a_bridge"]
+
+
+def test_local_spark_mode_runs_jobs_without_master_or_worker():
+    from tests.unit.stack_render import stack_settings
+    settings = stack_settings()
+    settings["spark"] = {**settings["spark"], "mode": "local"}
+    services = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    assert "spark-master" not in services and "spark-worker" not in services
+    assert services["threshold-detector"]["environment"]["SPARK_MASTER_URL"] == "local[1]"

@@ -1,0 +1,78 @@
+"""Lab hosts as testinfra sees them over SSH: engine, Swarm, labels, services, ports."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import testinfra
+
+from tooling import lab
+
+HOSTS = {h.name: h for h in lab.DEFAULT_HOSTS}
+SITES = sorted({h.site for h in lab.DEFAULT_HOSTS})
+EDGE_SERVICES = ["zookeeper-1", "kafka-1", "cassandra-1", "mosquitto", "bridge", "cassandra-adapter",
+                 "threshold-detector", "rollups"]
+SERVICES = {
+    "site-a": EDGE_SERVICES + ["kafka-2"],
+    "site-b": EDGE_SERVICES,
+    "datacenter": ["zookeeper-1", "kafka-1", "cassandra-1", "mirrormaker", "cassandra-adapter", "notifier"],
+}
+
+
+@pytest.fixture
+def host_of(inventory):
+    def connect(name: str):
+        return testinfra.get_host(f"ansible://{name}?ansible_inventory={inventory}/hosts.ini")
+    return connect
+
+
+def _manager(site: str) -> str:
+    return next(h.name for h in lab.DEFAULT_HOSTS if h.site == site and h.variables.get("swarm_role") == "manager")
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_engine_runs_on_host(host_of, name):
+    host = host_of(name)
+    assert host.process.filter(comm="dockerd"), "dockerd is not running"
+    assert host.run("docker info --format '{{.Swarm.LocalNodeState}}'").stdout.strip() == "active"
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_swarm_has_the_sites_nodes_ready(host_of, site):
+    expected = sorted(h.name for h in lab.DEFAULT_HOSTS if h.site == site)
+    out = host_of(_manager(site)).check_output("docker node ls --format '{{.Hostname}} {{.Status}}'")
+    assert sorted(line.split()[0] for line in out.splitlines()) == expected
+    assert all(line.split()[1] == "Ready" for line in out.splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_node_carries_labels_from_inventory(host_of, name):
+    host = HOSTS[name]
+    raw = host_of(_manager(host.site)).check_output(f"docker node inspect {name} --format '{{{{json .Spec.Labels}}}}'")
+    labels = json.loads(raw)
+    for role in ("zookeeper", "kafka", "cassandra"):
+        if f"{role}_id" in host.variables:
+            assert labels.get(f"iot.{role}") == str(host.variables[f"{role}_id"])
+    assert ("iot.apps" in labels) == bool(host.variables.get("apps_node"))
+
+
+@pytest.mark.parametrize("site, service", [(s, svc) for s in SITES for svc in SERVICES[s]])
+def test_service_runs_all_replicas(host_of, site, service):
+    out = host_of(_manager(site)).check_output(
+        f"docker service ls --filter name={site}_{service} --format '{{{{.Name}}}} {{{{.Replicas}}}}'")
+    replicas = dict(line.split()[:2] for line in out.splitlines()).get(f"{site}_{service}")
+    assert replicas is not None, f"{site}_{service} is not deployed"
+    running, wanted = replicas.split("/")
+    assert running == wanted and int(wanted) >= 1
+
+
+PORTS = [(h.name, 9094) for h in lab.DEFAULT_HOSTS if "kafka_id" in h.variables] + \
+        [(h.name, 1883) for h in lab.DEFAULT_HOSTS if h.variables.get("mqtt_node")]
+
+
+@pytest.mark.parametrize("name, port", PORTS)
+def test_published_port_answers_from_outside_the_site(lab_hosts, name, port):
+    address = lab.host_ip(HOSTS[name])
+    with socket.create_connection((address, port), timeout=5):
+        pass

@@ -1,0 +1,107 @@
+"""End to end through the lab: devices -> site Cassandra, hot sensor -> datacenter and notification."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import Consumer
+
+from tooling import images, lab, lab_status, pins
+
+READINGS_PER_SITE = 300
+RUN = uuid.uuid4().hex[:6]
+EDGE_SITES = ["site-a", "site-b"]
+
+
+def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[float], unit: str = "C") -> int:
+    """Publish readings at QoS 1 with Debian's mosquitto_pub, as a device outside the site would."""
+    start_ms = int(time.time() * 1000)
+    lines = "".join(json.dumps({"timestamp": start_ms + i * 10, "temperature": t, "unit": unit}) + "\n"
+                    for i, t in enumerate(temperatures))
+    cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, images.tag("mosquitto", pins.load()),
+           "mosquitto_pub", "-h", lab.host_ip(site_host), "-u", lab.MQTT_DEVICE_USER, "-P", lab.LAB_SECRETS["device"],
+           "-V", "mqttv5", "-q", "1", "-l", "-t", f"sites/{site}/sensors/{sensor}/temperature"]
+    result = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return start_ms
+
+
+def wait_for(what: str, probe, timeout: float = 300, interval: float = 5.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f}s (last: {last!r})")
+
+
+def rows(host: lab.LabHost, site: str, query: str) -> list[list[str]]:
+    out = lab_status.cql(host, site, query)
+    return [[c.strip() for c in line.split("|")] for line in out.splitlines()
+            if "|" in line and not line.strip().startswith(("-", "sensor_id", "count", "write_latency"))]
+
+
+def percentiles(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
+    return f"p50={q[49]:.0f} ms p99={q[98]:.0f} ms (n={len(values)})"
+
+
+@pytest.mark.parametrize("site", EDGE_SITES)
+def test_readings_published_at_qos1_give_exactly_that_many_rows_at_the_site(lab_hosts, site):
+    managers = lab.site_managers(lab_hosts)
+    sensor = f"e2e-{RUN}-{site}"
+    start_ms = publish(managers[site], site, sensor, [20.0 + (i % 7) * 0.1 for i in range(READINGS_PER_SITE)])
+    day = datetime.fromtimestamp(start_ms / 1000, timezone.utc).strftime("%Y-%m-%d")
+    where = f"WHERE site='{site}' AND sensor_id='{sensor}' AND day='{day}'"
+
+    def counted():
+        out = rows(managers[site], site, f"SELECT count(*) FROM iot.temperature_readings {where};")
+        return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= READINGS_PER_SITE else None
+
+    count = wait_for(f"{READINGS_PER_SITE} rows in {site}'s Cassandra", counted)
+    assert count == READINGS_PER_SITE
+    latencies = [float(r[0]) for r in rows(managers[site], site,
+                                           f"SELECT write_latency_ms FROM iot.temperature_readings {where};")
+                 if re.match(r"^-?\d+(\.\d+)?$", r[0])]
+    assert len(latencies) == READINGS_PER_SITE
+    print(f"\ndevice -> {site} Cassandra latency: {percentiles(latencies)}")
+
+
+def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_hosts):
+    managers = lab.site_managers(lab_hosts)
+    site, sensor = "site-a", f"hot-{RUN}"
+    # Above any configured threshold, then back to normal: one opening and one closing event.
+    publish(managers[site], site, sensor, [150.0] * 20 + [20.0] * 20)
+    dc = managers["datacenter"]
+
+    def events_at_datacenter():
+        found = rows(dc, "datacenter", "SELECT sensor_id, is_first, is_last, write_latency_ms "
+                                       f"FROM iot.temperature_threshold_events WHERE sensor_id='{sensor}' ALLOW FILTERING;")
+        return found if len(found) >= 2 else None
+
+    events = wait_for("threshold events in the datacenter's Cassandra", events_at_datacenter, timeout=600)
+    assert {(e[1], e[2]) for e in events} == {("True", "False"), ("False", "True")}
+    print(f"\ndevice -> datacenter Cassandra latency: "
+          f"{percentiles([float(e[3]) for e in events if re.match(r'^-?[0-9.]+$', e[3])])}")
+
+    consumer = Consumer({"bootstrap.servers": f"{lab.host_ip(dc)}:9094", "group.id": f"e2e-{RUN}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe(["notifications"])
+    try:
+        def notification():
+            for msg in consumer.consume(200, timeout=2.0):
+                if msg.error() is None and sensor in msg.value().decode(errors="replace"):
+                    return msg.value().decode()
+            return None
+        text = wait_for("a notification about the hot sensor", notification, timeout=300, interval=0.1)
+    finally:
+        consumer.close()
+    assert "site-a" in text

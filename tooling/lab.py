@@ -1,0 +1,372 @@
+"""The local lab: a real multi-site deployment on one machine.
+
+Each lab "host" is a container running sshd and its own dockerd (one Swarm node
+each). `up` creates them, writes an inventory, runs the same
+`ansible-playbook site.yml` an operator runs, registers the simulated fleet,
+starts simulated devices at every site and prints a status table.
+
+  scripts/lab up                 hosts, site.yml, devices, status
+  scripts/lab status             the status table again
+  scripts/lab add-site site-c    one more edge site: a host, an inventory group,
+                                 site.yml limited to the datacenter and the new site
+  scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
+  scripts/lab down               remove everything the lab made
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tooling import artifacts, images, pins
+from tooling.progress import log
+
+LABEL = "iot-stack.lab"
+NETWORK = "iot-stack-lab"
+HOST_IMAGE = "lab-host"
+# Host container options that work without --privileged (DESIGN.md section 7).
+HOST_RUN_OPTIONS = [
+    "--cap-add=ALL", "--cap-drop=SYS_RESOURCE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--security-opt", "systempaths=unconfined", "--cgroupns=host",
+    "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+]
+MQTT_DEVICE_USER = "device"
+LAB_SECRETS = {"cassandra": "lab-cassandra-secret", "bridge": "lab-bridge-secret", "device": "lab-device-secret"}
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    group: str
+    variables: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def container(self) -> str:
+        return f"iot-lab-{self.name}"
+
+    @property
+    def site(self) -> str:
+        return self.group.replace("_", "-")
+
+
+def _all_roles(**extra: object) -> dict[str, object]:
+    return {"swarm_role": "manager", "zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True,
+            **extra}
+
+
+# site-a has two nodes (a second broker), site-b and the datacenter one each.
+DEFAULT_HOSTS = (
+    LabHost("dc-1", "datacenter", _all_roles()),
+    LabHost("site-a-1", "site_a", _all_roles(mqtt_node=True)),
+    LabHost("site-a-2", "site_a", {"swarm_role": "worker", "kafka_id": 2}),
+    LabHost("site-b-1", "site_b", _all_roles(mqtt_node=True)),
+)
+
+
+def new_site_host(site: str) -> LabHost:
+    group = site.replace("-", "_")
+    return LabHost(f"{site}-1", group, _all_roles(mqtt_node=True))
+
+
+# ---------------------------------------------------------------- plumbing
+
+def run(*cmd: str, check: bool = True, capture: bool = True, timeout: float | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(cmd), capture_output=capture, text=True, timeout=timeout, env=env)
+    if check and result.returncode != 0:
+        detail = (result.stderr or result.stdout or "").strip()[-2000:] if capture else ""
+        raise SystemExit(f"lab: `{' '.join(cmd[:6])} ...` failed ({result.returncode}): {detail}")
+    return result
+
+
+def lab_dir() -> Path:
+    path = artifacts.cache_dir() / "lab"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def ssh_key() -> Path:
+    key = lab_dir() / "id_ed25519"
+    if not key.exists():
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "iot-stack-lab", "-f", str(key))
+    return key
+
+
+def host_ip(host: LabHost) -> str:
+    fmt = "{{ (index .NetworkSettings.Networks \"" + NETWORK + "\").IPAddress }}"
+    return run("docker", "inspect", "-f", fmt, host.container).stdout.strip()
+
+
+def host_exec(host: LabHost, *cmd: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run("docker", "exec", host.container, *cmd, check=check, timeout=timeout)
+
+
+def existing_hosts() -> list[LabHost]:
+    """Lab hosts that exist now, from their container labels."""
+    out = run("docker", "ps", "-a", "--filter", f"label={LABEL}.host", "--format", "{{.Names}}").stdout.split()
+    hosts = []
+    for container in sorted(out):
+        raw = run("docker", "inspect", "-f", "{{ json .Config.Labels }}", container).stdout
+        labels = json.loads(raw)
+        hosts.append(LabHost(labels[f"{LABEL}.host"], labels[f"{LABEL}.group"],
+                             json.loads(labels[f"{LABEL}.vars"])))
+    return hosts
+
+
+# ---------------------------------------------------------------- hosts
+
+def prepare() -> None:
+    """Engine, base image, artifacts and images: everything the lab builds from."""
+    root = pins.REPO_ROOT
+    for step, cmd in (("engine", ["scripts/engine"]), ("base image", ["scripts/base-image"]),
+                      ("artifacts", ["scripts/artifacts", "fetch"]), ("images", ["scripts/images", "build"])):
+        log("lab", f"preparing: {step}")
+        subprocess.run(cmd, cwd=root, check=True)
+
+
+def create_hosts(hosts: list[LabHost]) -> None:
+    if run("docker", "network", "inspect", NETWORK, check=False).returncode != 0:
+        run("docker", "network", "create", "--label", LABEL, NETWORK)
+    public_key = ssh_key().with_suffix(".pub").read_text().strip()
+    image = images.tag(HOST_IMAGE, pins.load())
+    for host in hosts:
+        if run("docker", "inspect", host.container, check=False).returncode == 0:
+            run("docker", "start", host.container)
+            continue
+        log("lab", f"creating host {host.name} ({host.group})")
+        run("docker", "run", "-d", "--name", host.container, "--hostname", host.name, "--network", NETWORK,
+            "--label", LABEL, "--label", f"{LABEL}.host={host.name}", "--label", f"{LABEL}.group={host.group}",
+            "--label", f"{LABEL}.vars={json.dumps(host.variables)}",
+            "-v", f"{host.container}-docker:/var/lib/docker", "--label", f"{LABEL}.volume={host.container}-docker",
+            "-e", f"LAB_AUTHORIZED_KEY={public_key}", *HOST_RUN_OPTIONS, image)
+    for host in hosts:
+        deadline = time.monotonic() + 90
+        while host_exec(host, "docker", "info", check=False, timeout=30).returncode != 0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"lab: dockerd in {host.name} did not start; see `docker exec {host.container} "
+                                 "cat /var/log/dockerd.log`")
+            time.sleep(1)
+
+
+# ---------------------------------------------------------------- inventory
+
+def write_inventory(hosts: list[LabHost]) -> Path:
+    """The lab's inventory: same shape as inventory.example, lab-sized."""
+    inventory = lab_dir() / "inventory"
+    shutil.rmtree(inventory, ignore_errors=True)
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    groups: dict[str, list[str]] = {}
+    for host in hosts:
+        variables = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in host.variables.items())
+        groups.setdefault(host.group, []).append(f"{host.name} ansible_host={host_ip(host)} {variables}")
+    lines = ["# Written by scripts/lab; regenerated on every run.", ""]
+    for group, entries in groups.items():
+        lines += [f"[{group}]", *entries, ""]
+    lines += ["[edge:children]", *[g for g in groups if g != "datacenter"], "",
+              "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}", ""]
+    (inventory / "hosts.ini").write_text("\n".join(lines))
+    (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS)
+    return inventory
+
+
+LAB_GROUP_VARS = f"""---
+# Lab sizes: every site on one 2-core machine, so heaps are small, Cassandra
+# skips its multi-node waits and Spark jobs run in local mode.
+stack_cassandra_password: {LAB_SECRETS['cassandra']}
+stack_mqtt_users:
+  bridge: {LAB_SECRETS['bridge']}
+  {MQTT_DEVICE_USER}: {LAB_SECRETS['device']}
+stack_cassandra_fast_start: true
+stack_heap:
+  zookeeper: "-Xms32m -Xmx128m"
+  kafka: "-Xms192m -Xmx384m"
+  cassandra: "512M"
+  mirrormaker: "-Xms128m -Xmx320m"
+stack_resources:
+  zookeeper: {{cpus: "0.5", memory: 320M, reserve: 64M}}
+  kafka: {{cpus: "1.0", memory: 768M, reserve: 256M}}
+  cassandra: {{cpus: "1.0", memory: 1400M, reserve: 512M}}
+  mosquitto: {{cpus: "0.5", memory: 128M, reserve: 32M}}
+  bridge: {{cpus: "0.5", memory: 256M, reserve: 64M}}
+  adapter: {{cpus: "0.5", memory: 256M, reserve: 64M}}
+  mirrormaker: {{cpus: "0.5", memory: 640M, reserve: 128M}}
+  spark_master: {{cpus: "0.5", memory: 512M, reserve: 128M}}
+  spark_worker: {{cpus: "1.0", memory: 1G, reserve: 256M}}
+  spark_job: {{cpus: "1.0", memory: 1200M, reserve: 256M}}
+stack_spark:
+  mode: local
+  driver_memory: 640m
+  daemon_memory: 256m
+  worker_cores: 1
+  worker_memory: 512m
+  jobs:
+    edge:
+      - {{name: threshold-detector, file: threshold_detector.py, cores: 1, executor_memory: 512m}}
+      - {{name: rollups, file: rollups.py, cores: 1, executor_memory: 512m}}
+    datacenter:
+      - {{name: notifier, file: notifier.py, cores: 1, executor_memory: 512m}}
+stack_relay_refresh_topics_seconds: 15
+stack_converge_timeout: 1500
+topics_retention_ms: 86400000
+"""
+
+
+def playbook(inventory: Path, *extra: str) -> float:
+    """Run site.yml against the lab, showing each task as it starts; returns seconds taken."""
+    logfile = lab_dir() / "ansible.log"
+    env = dict(os.environ, ANSIBLE_CONFIG=str(pins.REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOG_PATH=str(logfile), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = ["ansible-playbook", "-i", str(inventory), str(pins.REPO_ROOT / "ansible" / "site.yml"), *extra]
+    log("lab", f"running {' '.join(cmd[:4])} {' '.join(extra)} (full log: {logfile})")
+    started = time.monotonic()
+    last = started
+    tail: list[str] = []
+    proc = subprocess.Popen(cmd, cwd=pins.REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-60:]
+        if line.startswith(("TASK [", "PLAY [", "RUNNING HANDLER")):
+            now = time.monotonic()
+            log("ansible", f"{line.strip().rstrip('*').strip()}  (previous {now - last:.0f}s)")
+            last = now
+        elif line.startswith(("fatal:", "failed:")) or "PLAY RECAP" in line or " ok=" in line:
+            print(line.rstrip(), file=sys.stderr, flush=True)
+    code = proc.wait()
+    elapsed = time.monotonic() - started
+    if code != 0:
+        raise SystemExit("lab: site.yml failed after {:.0f}s; last lines:\n{}".format(elapsed, "\n".join(tail)))
+    log("lab", f"site.yml finished in {elapsed:.0f}s")
+    return elapsed
+
+
+# ---------------------------------------------------------------- fleet and devices
+
+def services_run(*args: str, detach_name: str | None = None, volumes: dict[str, str] | None = None) -> str:
+    """Run the services image on the lab network (outside every site, like a device)."""
+    cmd = ["docker", "run", "--network", NETWORK, "--label", LABEL]
+    cmd += ["-d", "--name", detach_name, "--restart", "unless-stopped"] if detach_name else ["--rm"]
+    for src, dst in (volumes or {}).items():
+        cmd += ["-v", f"{src}:{dst}"]
+    return run(*cmd, images.tag("services", pins.load()), *args, timeout=180).stdout
+
+
+def site_managers(hosts: list[LabHost]) -> dict[str, LabHost]:
+    """site alias -> the host that runs its Kafka broker 1 and Mosquitto."""
+    return {h.site: h for h in hosts if h.variables.get("kafka_id") == 1}
+
+
+def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[str] | None = None) -> None:
+    secret_dir = lab_dir() / "device-secrets"
+    secret_dir.mkdir(exist_ok=True)
+    (secret_dir / "mqtt_password").write_text(LAB_SECRETS["device"])
+    os.chmod(secret_dir, 0o755)
+    os.chmod(secret_dir / "mqtt_password", 0o644)
+    for site, host in site_managers(hosts).items():
+        if site == "datacenter" or (sites and site not in sites):
+            continue
+        address = host_ip(host)
+        log("lab", f"registering the fleet of {site}")
+        services_run("iot-registrar", "--bootstrap-servers", f"{address}:9094", "fleet", "--site", site,
+                     "--devices", "3", "--sensors-per-device", "2")
+        name = f"iot-lab-devices-{site}"
+        run("docker", "rm", "-f", name, check=False)
+        log("lab", f"starting simulated devices for {site} at {rate:g} readings/s")
+        services_run("iot-simulator", "--host", address, "--username", MQTT_DEVICE_USER, "--site", site,
+                     "--devices", "3", "--sensors-per-device", "2", "--hot-sensors", "1", "--rate", str(rate),
+                     "--tau", "20", detach_name=name, volumes={str(secret_dir): "/run/secrets:ro"})
+
+
+# ---------------------------------------------------------------- status
+
+def status(hosts: list[LabHost]) -> list[dict]:
+    from tooling import lab_status  # needs confluent-kafka; only imported when asked for
+    return lab_status.table(hosts)
+
+
+def down() -> None:
+    containers = run("docker", "ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+    volumes = [v for c in existing_hosts() for v in [f"{c.container}-docker"]]
+    if containers:
+        log("lab", f"removing {len(containers)} containers")
+        run("docker", "rm", "-f", *containers)
+    for volume in volumes:
+        run("docker", "volume", "rm", "-f", volume, check=False)
+    run("docker", "network", "rm", NETWORK, check=False)
+    shutil.rmtree(lab_dir() / "inventory", ignore_errors=True)
+    log("lab", "lab removed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up_p = sub.add_parser("up", help="create the lab, deploy with site.yml, start devices, print status")
+    up_p.add_argument("--rate", type=float, default=20.0, help="readings/s per site from the simulated devices")
+    up_p.add_argument("--no-build", action="store_true", help="skip engine/artifact/image preparation")
+    add_p = sub.add_parser("add-site", help="add an edge site and deploy it (plus the datacenter's relay)")
+    add_p.add_argument("site", help="site alias, e.g. site-c")
+    add_p.add_argument("--rate", type=float, default=20.0)
+    sub.add_parser("status", help="print the status table")
+    sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
+    sub.add_parser("down", help="remove every container, volume and network the lab made")
+    sub.add_parser("inventory", help="print the lab inventory's path")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "playbook":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+
+    if args.command == "down":
+        down()
+        return 0
+    if args.command == "up":
+        started = time.monotonic()
+        if not args.no_build:
+            prepare()
+        hosts = existing_hosts() or list(DEFAULT_HOSTS)
+        create_hosts(hosts)
+        playbook(write_inventory(hosts))
+        register_and_start_devices(hosts, args.rate)
+        log("lab", f"lab up in {time.monotonic() - started:.0f}s")
+        print_status(hosts)
+        return 0
+    hosts = existing_hosts()
+    if not hosts:
+        raise SystemExit("lab: no lab hosts exist; run `scripts/lab up` first")
+    if args.command == "add-site":
+        host = new_site_host(args.site)
+        if host.name in {h.name for h in hosts}:
+            raise SystemExit(f"lab: site {args.site} exists already")
+        started = time.monotonic()
+        create_hosts([host])
+        hosts = existing_hosts()
+        playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
+        register_and_start_devices(hosts, args.rate, sites=[args.site])
+        log("lab", f"site {args.site} added in {time.monotonic() - started:.0f}s")
+        print_status(hosts)
+    elif args.command == "playbook":
+        playbook(write_inventory(hosts), *extra)
+    elif args.command == "status":
+        print_status(hosts)
+    elif args.command == "inventory":
+        print(lab_dir() / "inventory")
+    return 0
+
+
+def print_status(hosts: list[LabHost]) -> None:
+    rows = status(hosts)
+    columns = list(rows[0]) if rows else []
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
