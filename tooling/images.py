@@ -142,7 +142,9 @@ def stage(image: Image, lock_data: dict) -> Path:
                 raise SystemExit(f"{entry['file']} is not in the artifact cache: run `scripts/artifacts fetch`")
             _link_or_copy(src, context / "wheels" / src.name)
     if image.project_wheel:
-        _project_wheel(context / "wheels")
+        # Apart from the third-party wheels, so a code change rebuilds only the last layers.
+        (context / "project").mkdir()
+        _project_wheel(context / "project")
     for source in image.sources:
         shutil.copytree(pins.REPO_ROOT / source, context / "src" / source,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -36,9 +36,13 @@ status.storage.replication.factor = 1
 config.storage.replication.factor = 1
 sync.topic.acls.enabled = false
 refresh.topics.interval.seconds = 5
+# as the relay renders it: nothing written into the site, exactly-once into the datacenter
+offset-syncs.topic.location = target
+datacenter.exactly.once.source.support = enabled
+dedicated.mode.enable.internal.rest = true
 """)
     (config_dir / "mm2.properties").chmod(0o644)
-    lab.run("kafka", "mirrormaker", "mirrormaker", memory="1g",
+    lab.run("kafka", "mirrormaker", "mirrormaker", memory="1g", env={"MM2_CLUSTERS": "datacenter"},
             volumes={str(config_dir): "/etc/mirrormaker:ro"})
     return site, datacenter
 
@@ -71,3 +75,6 @@ def test_records_on_site_topic_appear_prefixed_at_datacenter(lab, clusters):
     topics = AdminClient({"bootstrap.servers": datacenter.external}).list_topics(timeout=10).topics
     assert "site-a.not-selected" not in topics, "a topic outside the selection was mirrored"
     assert TOPIC not in topics, "the mirrored topic must arrive prefixed, never under its own name"
+    site_topics = AdminClient({"bootstrap.servers": site.external}).list_topics(timeout=10).topics
+    assert not [t for t in site_topics if "mm2" in t or "heartbeats" in t or t.startswith("datacenter.")], \
+        f"MirrorMaker wrote into the site: {sorted(site_topics)}"
