@@ -200,8 +200,16 @@ def unconverged(lines: list[str]) -> list[str]:
     return pending
 
 
+def updating(lines: list[str]) -> list[str]:
+    """Services whose rolling update (or rollback) is not finished, from
+    `docker service inspect --format '{{.Spec.Name}} {{.UpdateStatus.State}}'` lines."""
+    busy = ("updating", "paused", "rollback_started", "rollback_paused")
+    return [parts[0] for parts in (line.split() for line in lines) if len(parts) > 1 and parts[1] in busy]
+
+
 class FilterModule:
     def filters(self):
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
-                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged}
+                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
+                "updating": updating}

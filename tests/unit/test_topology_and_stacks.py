@@ -169,3 +169,8 @@ def test_local_spark_mode_runs_jobs_without_master_or_worker():
     services = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
     assert "spark-master" not in services and "spark-worker" not in services
     assert services["threshold-detector"]["environment"]["SPARK_MASTER_URL"] == "local[1]"
+
+
+def test_updating_lists_services_with_unfinished_rollouts():
+    lines = ["site-a_bridge updating", "site-a_kafka-1 completed", "site-a_mosquitto", "site-a_adapter paused"]
+    assert filters.updating(lines) == ["site-a_bridge", "site-a_adapter"]
