@@ -15,6 +15,8 @@ import pytest
 from tooling import lab
 
 REPO = lab.pins.REPO_ROOT
+# testinfra's ansible backend calls ansible-inventory/ansible from PATH.
+os.environ["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
 
 
 def run_lab(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:

@@ -20,10 +20,17 @@ SERVICES = {
 }
 
 
-@pytest.fixture
-def host_of(inventory):
+@pytest.fixture(scope="module")
+def host_of(lab_hosts):
+    """testinfra hosts over SSH with the lab's key, as an operator would log in."""
+    cache = {}
+    extra = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+
     def connect(name: str):
-        return testinfra.get_host(f"ansible://{name}?ansible_inventory={inventory}/hosts.ini")
+        if name not in cache:
+            cache[name] = testinfra.get_host(f"ssh://root@{lab.host_ip(HOSTS[name])}",
+                                             ssh_identity_file=str(lab.ssh_key()), ssh_extra_args=extra)
+        return cache[name]
     return connect
 
 

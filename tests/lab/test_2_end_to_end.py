@@ -21,8 +21,10 @@ EDGE_SITES = ["site-a", "site-b"]
 
 def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[float], unit: str = "C") -> int:
     """Publish readings at QoS 1 with Debian's mosquitto_pub, as a device outside the site would."""
+    # Event times 1 ms apart (distinct rows) starting now; mosquitto_pub sends the
+    # lines faster than that, so latencies read from Cassandra err by < len/1000 s.
     start_ms = int(time.time() * 1000)
-    lines = "".join(json.dumps({"timestamp": start_ms + i * 10, "temperature": t, "unit": unit}) + "\n"
+    lines = "".join(json.dumps({"timestamp": start_ms + i, "temperature": t, "unit": unit}) + "\n"
                     for i, t in enumerate(temperatures))
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, images.tag("mosquitto", pins.load()),
            "mosquitto_pub", "-h", lab.host_ip(site_host), "-u", lab.MQTT_DEVICE_USER, "-P", lab.LAB_SECRETS["device"],
@@ -44,9 +46,17 @@ def wait_for(what: str, probe, timeout: float = 300, interval: float = 5.0):
 
 
 def rows(host: lab.LabHost, site: str, query: str) -> list[list[str]]:
-    out = lab_status.cql(host, site, query)
-    return [[c.strip() for c in line.split("|")] for line in out.splitlines()
-            if "|" in line and not line.strip().startswith(("-", "sensor_id", "count", "write_latency"))]
+    """Rows of a cqlsh result table: the lines between the header rule and the blank line."""
+    lines = lab_status.cql(host, site, query).splitlines()
+    start = next((i for i, line in enumerate(lines) if set(line.strip()) <= set("-+") and line.strip()), None)
+    if start is None:
+        return []
+    table = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        table.append([c.strip() for c in line.split("|")])
+    return table
 
 
 def percentiles(values: list[float]) -> str:
