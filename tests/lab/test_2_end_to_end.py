@@ -7,7 +7,7 @@ import statistics
 import subprocess
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Consumer
@@ -69,7 +69,7 @@ def test_readings_published_at_qos1_give_exactly_that_many_rows_at_the_site(lab_
     managers = lab.site_managers(lab_hosts)
     sensor = f"e2e-{RUN}-{site}"
     start_ms = publish(managers[site], site, sensor, [20.0 + (i % 7) * 0.1 for i in range(READINGS_PER_SITE)])
-    day = datetime.fromtimestamp(start_ms / 1000, timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
     where = f"WHERE site='{site}' AND sensor_id='{sensor}' AND day='{day}'"
 
     def counted():
@@ -93,8 +93,9 @@ def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_h
     dc = managers["datacenter"]
 
     def events_at_datacenter():
-        found = rows(dc, "datacenter", "SELECT sensor_id, is_first, is_last, write_latency_ms "
-                                       f"FROM iot.temperature_threshold_events WHERE sensor_id='{sensor}' ALLOW FILTERING;")
+        query = ("SELECT sensor_id, is_first, is_last, write_latency_ms FROM iot.temperature_threshold_events "
+                 f"WHERE sensor_id='{sensor}' ALLOW FILTERING;")
+        found = rows(dc, "datacenter", query)
         return found if len(found) >= 2 else None
 
     events = wait_for("threshold events in the datacenter's Cassandra", events_at_datacenter, timeout=600)
