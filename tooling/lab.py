@@ -213,7 +213,7 @@ stack_spark:
     datacenter:
       - {{name: notifier, file: notifier.py, cores: 1, executor_memory: 512m}}
 stack_relay_refresh_topics_seconds: 15
-stack_converge_timeout: 1500
+health_converge_timeout: 1500
 topics_retention_ms: 86400000
 """
 
