@@ -258,6 +258,21 @@ def fetch(lock_data: dict, jobs: int = 8) -> None:
                  f"{time.monotonic() - started:.0f}s")
 
 
+def pip_install(group: str, pinned: pins.Pins) -> None:
+    """Install one image's locked Python packages into the running interpreter, offline
+    from the cache (the tests of the Spark jobs need the spark image's pyspark stack)."""
+    if group not in pinned.python_requirements:
+        raise ArtifactError(f"unknown python group '{group}' (known: {', '.join(pinned.python_requirements)})")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index",
+           "--find-links", str(cache_dir() / "python"), "--find-links", str(built_wheel_dir()),
+           *pinned.python_requirements[group]]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ArtifactError(f"cannot install [python.{group}] from the cache (run `scripts/artifacts fetch`):\n"
+                            f"{result.stderr[-2000:]}")
+    log("fetch", f"installed [python.{group}] into {sys.prefix}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/artifacts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -266,11 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     fetch_p = sub.add_parser("fetch", help="download and verify every locked artifact into the cache")
     fetch_p.add_argument("--jobs", type=int, default=8, help="parallel downloads (default 8)")
     sub.add_parser("where", help="print the cache directory")
+    install_p = sub.add_parser("pip-install", help="install one group's locked wheels into this venv, offline")
+    install_p.add_argument("group", help="a [python.<group>] of versions.toml, e.g. spark")
     args = parser.parse_args(argv)
     if args.command == "lock":
         lock(pins.load())
     elif args.command == "fetch":
         fetch(load_lock(), jobs=args.jobs)
+    elif args.command == "pip-install":
+        pip_install(args.group, pins.load())
     else:
         print(cache_dir())
     return 0
