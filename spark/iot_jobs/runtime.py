@@ -1,0 +1,238 @@
+"""I/O wiring shared by the jobs: settings from env, session, Kafka source/sink, shutdown.
+
+Nothing here transforms data; the transforms live in the other modules.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("iot_stack.jobs")
+
+OFFSET_CHOICES = ("latest", "earliest")
+
+
+class SettingsError(SystemExit):
+    """Exits the driver with the message (status 1) before any Spark work starts."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"configuration error: {message}")
+
+
+def env(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name, "").strip()
+    if value:
+        return value
+    if default is None:
+        raise SettingsError(f"{name} is required (see spark/README.md)")
+    return default
+
+
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    raw = env(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Source:
+    """One Kafka subscription: a topic name or a Java regex pattern."""
+    topic: str = ""
+    pattern: str = ""
+
+    @classmethod
+    def from_env(cls, name: str, default_topic: str = "", default_pattern: str = "") -> Source:
+        """<NAME>_TOPIC or <NAME>_TOPIC_PATTERN (the pattern wins)."""
+        pattern = env(f"{name}_TOPIC_PATTERN", default_pattern)
+        if pattern:
+            return cls(pattern=pattern)
+        return cls(topic=env(f"{name}_TOPIC", default_topic))
+
+    def options(self) -> dict[str, str]:
+        return {"subscribePattern": self.pattern} if self.pattern else {"subscribe": self.topic}
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    options: dict[str, str]          # kafka.* options for every source and sink
+    starting_offsets: str            # for the data sources; registries always start at earliest
+
+    @classmethod
+    def from_env(cls) -> KafkaSettings:
+        options = {"kafka.bootstrap.servers": env("KAFKA_BOOTSTRAP_SERVERS")}
+        # KAFKA_OPTION_SECURITY_PROTOCOL=SSL -> kafka.security.protocol=SSL (TLS, SASL...).
+        for name, value in os.environ.items():
+            if name.startswith("KAFKA_OPTION_") and value:
+                options["kafka." + name.removeprefix("KAFKA_OPTION_").lower().replace("_", ".")] = value
+        offsets = env("STARTING_OFFSETS", "latest")
+        if offsets not in OFFSET_CHOICES and not offsets.startswith("{"):
+            raise SettingsError(f"STARTING_OFFSETS={offsets!r}: expected latest, earliest or a Spark offsets JSON")
+        return cls(options, offsets)
+
+
+def checkpoint(job: str, query: str) -> str:
+    """<CHECKPOINT_DIR>/<query>: one directory per query of the job."""
+    root = env("CHECKPOINT_DIR")
+    if "://" not in root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return f"{root.rstrip('/')}/{query}"
+
+
+def trigger_options() -> dict[str, str]:
+    """TRIGGER_INTERVAL ('2 seconds'); unset: next micro-batch as soon as the last one ends."""
+    interval = env("TRIGGER_INTERVAL", "")
+    return {"processingTime": interval} if interval else {}
+
+
+def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
+    from pyspark import SparkConf, SparkContext
+    SparkContext._ensure_initialized()   # the JVM holds spark-submit's --conf values...
+    submitted = SparkConf()              # ...which win over the defaults below
+    builder = SparkSession.builder.appName(app_name)
+    defaults = {
+        # transformWithStateInPandas and state TTL need RocksDB.
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        # 200 state partitions cost seconds per micro-batch on a small site; fixed once checkpointed.
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.session.timeZone": "UTC",
+        **(extra or {}),
+    }
+    for key, value in defaults.items():
+        if not submitted.contains(key):
+            builder = builder.config(key, value)
+    ship_package()
+    return builder.getOrCreate()
+
+
+def ship_package() -> None:
+    """Pickle iot_jobs code by value into the Python UDFs (the stateful processor).
+
+    Spark's Python processes (executors' workers and the driver-side runner that
+    initialises transformWithStateInPandas) then need no copy of this package on
+    their path: only pyspark, pandas and `services`, which the image installs.
+    """
+    from pyspark import cloudpickle
+
+    import iot_jobs
+    cloudpickle.register_pickle_by_value(iot_jobs)
+
+
+def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, starting_offsets: str) -> DataFrame:
+    return (spark.readStream.format("kafka")
+            .options(**kafka.options, **source.options())
+            .option("startingOffsets", starting_offsets)
+            .option("includeHeaders", "true")
+            # A deleted or recreated topic must not stop a site's detector.
+            .option("failOnDataLoss", "false")
+            .load())
+
+
+def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_dir: str,
+                topic: str | None = None) -> StreamingQuery:
+    """records: key, value, optional headers, and `topic` unless `topic` is given."""
+    writer = (records.writeStream.format("kafka").queryName(name)
+              .options(**kafka.options)
+              .option("checkpointLocation", checkpoint_dir)
+              .outputMode("append"))
+    if trigger_options():
+        writer = writer.trigger(**trigger_options())
+    if topic:
+        writer = writer.option("topic", topic)
+    return writer.start()
+
+
+def run_until_stopped(spark: SparkSession, queries: list[StreamingQuery]) -> None:
+    """Wait for SIGTERM/SIGINT, then stop each query between micro-batches and exit 0.
+
+    The JVM owns the process that Docker signals (spark-submit), so SIGTERM is
+    caught there with a JVM signal handler calling back into Python; the default
+    JVM handler would run the shutdown hooks and cut a batch in half (replayed,
+    so duplicated in Kafka, on restart).
+    """
+    stop = threading.Event()
+    _catch_signals(spark, stop)
+    log.info("started queries=%s", ",".join(q.name or q.id for q in queries))
+    logged: dict[str, int] = {}
+    while not stop.is_set():
+        for query in queries:
+            if query.exception() is not None or not query.isActive:
+                raise RuntimeError(f"query {query.name} stopped: {query.exception()}")
+            _log_progress(query, logged)
+        stop.wait(1.0)
+    log.info("stopping: signal received")
+    for query in queries:
+        deadline = time.monotonic() + env_int("STOP_TIMEOUT_SECONDS", 60)
+        # Let the running micro-batch commit first, so nothing is replayed.
+        while query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        query.stop()
+        log.info("stopped query=%s last_batch=%s", query.name,
+                 (query.lastProgress or {}).get("batchId"))
+    spark.stop()
+
+
+def _log_progress(query: StreamingQuery, logged: dict[str, int]) -> None:
+    """One line per finished micro-batch (at most one per second and query): rows, rates, durations."""
+    progress = query.lastProgress
+    if not progress or logged.get(query.name) == progress["batchId"]:
+        return
+    logged[query.name] = progress["batchId"]
+    durations = progress.get("durationMs", {})
+    log.info("progress query=%s batch=%s rows=%s input_rate=%.0f processed_rate=%.0f trigger_ms=%s add_batch_ms=%s "
+             "state_rows=%s", query.name, progress["batchId"], progress.get("numInputRows"),
+             progress.get("inputRowsPerSecond") or 0, progress.get("processedRowsPerSecond") or 0,
+             durations.get("triggerExecution"), durations.get("addBatch"),
+             sum(op.get("numRowsTotal", 0) for op in progress.get("stateOperators", [])))
+
+
+def _catch_signals(spark: SparkSession, stop: threading.Event) -> None:
+    def on_signal(*_args: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if os.environ.get("PYSPARK_GATEWAY_PORT") is None:
+        return  # Python launched the JVM (tests): the Python handlers above get the signal
+    try:
+        from pyspark.java_gateway import ensure_callback_server_started
+        gateway = spark.sparkContext._gateway
+        ensure_callback_server_started(gateway)
+        jvm = spark.sparkContext._jvm
+        handler = _JvmSignalHandler(stop)
+        for name in ("TERM", "INT"):
+            jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
+        _JvmSignalHandler.keep.append(handler)
+    except Exception as err:  # noqa: BLE001 - fall back to the JVM's default (stop by shutdown hook)
+        log.warning("cannot install the JVM signal handler, SIGTERM will not wait for the batch: %s", err)
+
+
+class _JvmSignalHandler:
+    keep: list[_JvmSignalHandler] = []   # py4j holds only a weak reference
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+
+    def handle(self, _signal: object) -> None:
+        self._stop.set()
+
+    class Java:
+        implements = ["sun.misc.SignalHandler"]
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("IOT_STACK_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")

@@ -1,0 +1,53 @@
+"""threshold-detector: temperature-data -> temperature-threshold-events (+ dead-letter).
+
+Environment (spark/README.md has the full list): KAFKA_BOOTSTRAP_SERVERS, SITE,
+CHECKPOINT_DIR required; STARTING_OFFSETS, THRESHOLDS / THRESHOLDS_FILE,
+STATE_TTL_SECONDS, READINGS_TOPIC[_PATTERN], SENSOR_REGISTRATION_TOPIC[_PATTERN],
+THRESHOLD_EVENTS_TOPIC, DEAD_LETTER_TOPIC, TRIGGER_INTERVAL, KAFKA_OPTION_*.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot_jobs package
+
+from iot_jobs import detector, readings, runtime  # noqa: E402
+from iot_jobs.hysteresis import ConfigError, ThresholdConfig  # noqa: E402
+
+from services import contracts  # noqa: E402
+
+JOB = "threshold-detector"
+
+
+def main() -> None:
+    runtime.configure_logging()
+    kafka = runtime.KafkaSettings.from_env()
+    site = runtime.env("SITE")
+    try:
+        config = ThresholdConfig.from_env()
+    except ConfigError as err:
+        raise runtime.SettingsError(str(err)) from None
+    ttl_ms = runtime.env_int("STATE_TTL_SECONDS", 24 * 3600, minimum=1) * 1000
+    source = runtime.Source.from_env("READINGS", contracts.TEMPERATURE_DATA)
+    registry = runtime.Source.from_env("SENSOR_REGISTRATION", contracts.SENSOR_REGISTRATION)
+    events_topic = runtime.env("THRESHOLD_EVENTS_TOPIC", contracts.THRESHOLD_EVENTS)
+    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", contracts.DEAD_LETTER)   # "none" disables
+    events_checkpoint = runtime.checkpoint(JOB, "threshold-events")
+    dead_letter_checkpoint = runtime.checkpoint(JOB, "dead-letter")
+
+    spark = runtime.session(JOB, detector.SESSION_CONF)
+    parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source, kafka.starting_offsets), site)
+    registrations = None
+    if registry.topic != "none":
+        # The registry is compacted: always read all of it.
+        registrations = detector.registration_rows(runtime.read_kafka(spark, kafka, registry, "earliest"))
+    events = detector.detect_thresholds(readings.valid_readings(parsed), registrations, config, ttl_ms)
+    queries = [runtime.write_kafka(detector.events_to_kafka(events), kafka, "threshold-events",
+                                   events_checkpoint, topic=events_topic)]
+    if dead_letter_topic != "none":
+        queries.append(runtime.write_kafka(readings.dead_letters(parsed, dead_letter_topic), kafka,
+                                           "dead-letter", dead_letter_checkpoint))
+    runtime.run_until_stopped(spark, queries)
+
+
+if __name__ == "__main__":
+    main()
