@@ -97,6 +97,8 @@ def test_cqlsh_in_the_container_reports_release_5_0_6(lab, cql_port):
 def test_cassandra_health_passes_on_a_running_node(lab, cql_port):
     result = lab.exec(NODE, "cassandra-health")
     assert result.returncode == 0, result.stdout + result.stderr
+    ring = lab.exec(NODE, "cassandra-health", "--ring")     # + nodetool UN and cqlsh
+    assert ring.returncode == 0, ring.stdout + ring.stderr
 
 
 def test_cassandra_health_fails_while_cql_is_disabled(lab, cql_port):
