@@ -176,6 +176,18 @@ def write_inventory(hosts: list[LabHost]) -> Path:
     return inventory
 
 
+# Spark jobs in the lab. Every site and the datacenter share two cores with
+# four Cassandras and five Kafkas, so the lab runs the jobs the end-to-end path
+# needs (threshold detector at the edge, notifier at the datacenter), each with
+# one state partition and a 5-second trigger; rollups run in production
+# (ansible/roles/stack/defaults) and in the integration tests, not here.
+LAB_JOB_SETTINGS = {"cores": 1, "executor_memory": "512m", "env": {"TRIGGER_INTERVAL": "5 seconds"},
+                    "conf": {"spark.sql.shuffle.partitions": "1"}}
+LAB_JOBS = {
+    "edge": [{"name": "threshold-detector", "file": "threshold_detector.py", **LAB_JOB_SETTINGS}],
+    "datacenter": [{"name": "notifier", "file": "notifier.py", **LAB_JOB_SETTINGS}],
+}
+
 LAB_GROUP_VARS = f"""---
 # Lab sizes: every site on one 2-core machine, so heaps are small, Cassandra
 # skips its multi-node waits and Spark jobs run in local mode.
@@ -206,12 +218,7 @@ stack_spark:
   daemon_memory: 256m
   worker_cores: 1
   worker_memory: 512m
-  jobs:
-    edge:
-      - {{name: threshold-detector, file: threshold_detector.py, cores: 1, executor_memory: 512m}}
-      - {{name: rollups, file: rollups.py, cores: 1, executor_memory: 512m}}
-    datacenter:
-      - {{name: notifier, file: notifier.py, cores: 1, executor_memory: 512m}}
+  jobs: {json.dumps(LAB_JOBS)}
 stack_relay_refresh_topics_seconds: 15
 health_converge_timeout: 1500
 topics_retention_ms: 86400000

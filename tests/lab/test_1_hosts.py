@@ -11,12 +11,13 @@ from tooling import lab
 
 HOSTS = {h.name: h for h in lab.DEFAULT_HOSTS}
 SITES = sorted({h.site for h in lab.DEFAULT_HOSTS})
+JOBS = {tier: [job["name"] for job in jobs] for tier, jobs in lab.LAB_JOBS.items()}
 EDGE_SERVICES = ["zookeeper-1", "kafka-1", "cassandra-1", "mosquitto", "bridge", "cassandra-adapter",
-                 "threshold-detector", "rollups"]
+                 *JOBS["edge"]]
 SERVICES = {
     "site-a": EDGE_SERVICES + ["kafka-2"],
     "site-b": EDGE_SERVICES,
-    "datacenter": ["zookeeper-1", "kafka-1", "cassandra-1", "mirrormaker", "cassandra-adapter", "notifier"],
+    "datacenter": ["zookeeper-1", "kafka-1", "cassandra-1", "mirrormaker", "cassandra-adapter", *JOBS["datacenter"]],
 }
 
 

@@ -174,3 +174,16 @@ def test_local_spark_mode_runs_jobs_without_master_or_worker():
 def test_updating_lists_services_with_unfinished_rollouts():
     lines = ["site-a_bridge updating", "site-a_kafka-1 completed", "site-a_mosquitto", "site-a_adapter paused"]
     assert filters.updating(lines) == ["site-a_bridge", "site-a_adapter"]
+
+
+def test_lab_jobs_render_with_their_env_and_spark_conf():
+    from tests.unit.stack_render import stack_settings
+    from tooling import lab
+    settings = stack_settings()
+    settings["spark"] = {**settings["spark"], "mode": "local", "jobs": lab.LAB_JOBS}
+    edge = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    job = edge["threshold-detector"]
+    assert job["environment"]["TRIGGER_INTERVAL"] == "5 seconds"
+    conf = job["command"].index("spark.sql.shuffle.partitions=1")
+    assert job["command"][conf - 1] == "--conf"
+    assert "rollups" not in edge
