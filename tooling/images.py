@@ -43,6 +43,7 @@ IMAGES: tuple[Image, ...] = (
     Image("spark", parent="jre", maven="spark", python="spark", project_wheel=True, sources=("spark",)),
     Image("mosquitto"),
     Image("services", python="services", project_wheel=True),
+    Image("registry"),  # a multi-node site's own registry (ansible images role)
     Image("lab-host"),  # scripts/lab only; never shipped to sites
 )
 BY_NAME = {image.name: image for image in IMAGES}

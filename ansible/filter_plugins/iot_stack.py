@@ -136,6 +136,14 @@ def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str
     return sorted(needed)
 
 
+def site_images(hostvars: dict, hosts: list[str], tier: str) -> list[str]:
+    """Project images any node of a site needs (what its registry host receives)."""
+    needed: set[str] = set()
+    for host in hosts:
+        needed.update(node_images(hostvars[host], tier, hostvars[host].get("swarm_role") == "manager"))
+    return sorted(needed)
+
+
 def external_bootstrap(topology: dict, port: int) -> str:
     """Bootstrap servers another site (the datacenter's MirrorMaker) uses: node address + host port."""
     return ",".join(f"{k['address']}:{port}" for k in topology["kafka"])
@@ -210,6 +218,7 @@ def updating(lines: list[str]) -> list[str]:
 class FilterModule:
     def filters(self):
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
+                "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating}
