@@ -3,7 +3,7 @@
 Each record is published at QoS 1; its offset is committed only once the broker
 PUBACKed it (or, for an invalid command, once its dead-letter record is in Kafka),
 and only as part of a gap-free prefix per partition, so a crash re-forwards rather
-than skips. Runs on the bridge's single loop thread (paho's on_publish included).
+than skips. Runs on the bridge's single loop thread (the MQTT client's on_puback included).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from services import bridge_metrics as metrics
 from services import contracts
 from services.bridge_records import CONTRACT_VIOLATION, INVALID_JSON, OutRecord, dead_letter
 from services.contracts import ContractError
+from services.mqtt_session import reason_name
 from services.observability import kv
 
 log = logging.getLogger("bridge.commands")
@@ -67,7 +68,7 @@ class CommandForwarder:
         })
         self.consumer.subscribe([topic], on_revoke=self._revoked)
         self.partitions: dict[int, _Partition] = {}
-        self.by_mid: dict[int, list] = {}         # paho mid -> [partition, offset-cell]
+        self.by_mid: dict[int, list] = {}         # MQTT packet id -> [partition, offset-cell]
         self.in_flight = 0
 
     def pump(self, client) -> None:
@@ -97,15 +98,16 @@ class CommandForwarder:
             metrics.COMMANDS_DEAD_LETTERED.inc()
             self.dead_letter_sink(record, lambda: self._done(msg.partition(), cell))
             return
-        info = client.publish(topic, value, qos=1)
-        self.by_mid[info.mid] = [msg.partition(), cell]
+        mid = client.publish(topic, value, qos=1)
+        self.by_mid[mid] = [msg.partition(), cell]
 
-    def on_publish(self, _client, _userdata, mid, reason_code, _properties) -> None:
+    def on_publish(self, mid: int, reason_code: int) -> None:
+        """The broker's PUBACK of a forwarded command (MqttSession.on_puback)."""
         entry = self.by_mid.pop(mid, None)
         if entry is None:
             return
-        if reason_code.is_failure:       # e.g. not authorised by the ACL: still the broker's final answer
-            log.warning("command refused by broker", extra=kv(reason=reason_code.getName(), offset=entry[1][0]))
+        if reason_code >= 0x80:          # e.g. not authorised by the ACL: still the broker's final answer
+            log.warning("command refused by broker", extra=kv(reason=reason_name(reason_code), offset=entry[1][0]))
         else:
             metrics.COMMANDS.inc()
         self._done(*entry)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii
+from math import isfinite
+from typing import Any
 
 from services import contracts
 from services.contracts import ContractError
-from services.mapping import Mapping, MappingError
+from services.mapping import Mapping
 
 # Dead-letter reasons: the metric label and the first word of the dlq_reason header.
 OVERSIZED = "oversized"
@@ -32,7 +35,7 @@ DLQ_VALUE_LIMIT = 900_000
 Headers = list[tuple[str, bytes]]
 
 
-@dataclass
+@dataclass(slots=True)
 class OutRecord:
     topic: str
     key: bytes
@@ -76,8 +79,87 @@ def known_key(mapping: Mapping, topic: str) -> str | None:
     return None
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_DEFAULT_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODE = _DEFAULT_ENCODER.encode
+_KIND_TYPES = {"string": str, "long": int, "double": float, "boolean": bool}
+# The C encoder behind _ENCODE, built once (JSONEncoder.encode builds it per call). No circular-reference
+# markers: a validated record is a flat dict of scalars. Same bytes as _ENCODE.
+_ENCODE_FLAT = c_make_encoder(None, _DEFAULT_ENCODER.default, encode_basestring_ascii, None, ":", ",", False,
+                              False, True) if c_make_encoder else None
+_DECODE = json.JSONDecoder().decode
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    return "".join(_ENCODE_FLAT(value, 0)).encode() if _ENCODE_FLAT else _ENCODE(value).encode()
+
+
+def _loads(payload: bytes) -> Any:
+    """json.loads(payload), without its encoding detection for the usual UTF-8 payload.
+
+    Anything the fast path cannot take (not UTF-8, a BOM, UTF-16/32, invalid JSON) goes to
+    json.loads itself, so results and errors are exactly json.loads's.
+    """
+    try:
+        return _DECODE(payload.decode())
+    except (ValueError, RecursionError):
+        return json.loads(payload)
 _TOPIC_CACHE = 10000      # devices publish to a fixed set of topics: remember what each one implies
+
+
+class _TopicPlan:
+    """Everything one MQTT topic implies, worked out once: its rule (the first that matches, as in
+    Mapping.apply), the segments that fill payload fields, the Kafka topic and key, the site and the
+    bridge's own headers for it."""
+    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers")
+
+    def __init__(self, mapping: Mapping, topic: str, default_site: str | None):
+        rule, segments = None, {}
+        for candidate in mapping.rules:
+            found = candidate.match(topic)
+            if found is not None:
+                rule, segments = candidate, found
+                break
+        self.rule = rule
+        site = segments.get("site") or default_site
+        self.headers = tuple(base_headers(topic, None, site, 0)[:-1])     # all but the per-message ingest time
+        if rule is None:
+            self.contract, self.fills, self.fields, self.kafka_topic, self.key = None, (), (), None, None
+            return
+        self.contract = contracts.contract(rule.contract)
+        names = self.contract.field_names()
+        self.fills = tuple((name, value) for name, value in segments.items() if name in names)
+        self.fields = tuple((f.name, _KIND_TYPES[f.kind], f.required, f.choices) for f in self.contract.fields)
+        self.kafka_topic = rule.kafka_topic
+        self.key = rule.key.format(**segments).encode()
+
+    def apply(self, data: Any) -> dict[str, Any]:
+        """Mapping.apply for this topic's rule (same result, same errors) without matching again."""
+        if type(data) is not dict:
+            return self.contract.validate(data)          # raises: not a JSON object
+        for name, value in self.fills:
+            current = data.get(name)
+            if current is not None and current != value and str(current) != value:
+                raise ContractError(f"{self.contract.name}: field '{name}' is '{current}' but the topic says "
+                                    f"'{value}'")
+            data[name] = value
+        # Fast path for values already of their contract type; anything else takes Contract.validate,
+        # which coerces (e.g. 20 -> 20.0) or raises exactly as before.
+        clean: dict[str, Any] = {}
+        get = data.get
+        for name, want, required, choices in self.fields:
+            value = get(name)
+            if type(value) is want:
+                if want is float:
+                    if not isfinite(value):
+                        return self.contract.validate(data)
+                elif want is str and (not value or (choices and value not in choices)):
+                    return self.contract.validate(data)
+                clean[name] = value
+            elif value is None and not required:
+                clean[name] = None
+            else:
+                return self.contract.validate(data)
+        return clean
 
 
 @dataclass(frozen=True)
@@ -91,44 +173,46 @@ class Router:
 
     def route(self, topic: str, payload: bytes, user_properties: list[tuple[str, str]] | None,
               now_ms: int) -> OutRecord:
-        mapping, site, key = self._topic(topic)
-        headers = base_headers(topic, user_properties, site, now_ms)
-
-        def dlq(reason: str, detail: str) -> OutRecord:
-            return dead_letter(self.dlq_topic, topic, key, payload, reason, detail, now_ms, headers)
-
+        plan = self._topics.get(topic) or self._plan(topic)
+        ingest = (contracts.HEADER_INGEST_MS, str(now_ms).encode())
+        if user_properties:
+            headers = [(k, v.encode()) for k, v in user_properties if k not in RESERVED_HEADERS]
+            headers += plan.headers
+            headers.append(ingest)
+        else:
+            headers = [*plan.headers, ingest]
         if len(payload) > self.max_payload:
-            return dlq(OVERSIZED, f"payload of {len(payload)} bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES="
-                                  f"{self.max_payload} (send smaller messages or raise the limit)")
+            return self._dlq(plan, topic, payload, headers, now_ms, OVERSIZED,
+                             f"payload of {len(payload)} bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES="
+                             f"{self.max_payload} (send smaller messages or raise the limit)")
         try:
-            data = json.loads(payload)
+            data = _loads(payload)
         except (ValueError, RecursionError) as err:   # UnicodeDecodeError is a ValueError
-            return dlq(INVALID_JSON, f"payload is not JSON: {err}")
+            return self._dlq(plan, topic, payload, headers, now_ms, INVALID_JSON, f"payload is not JSON: {err}")
+        if plan.rule is None:
+            return self._dlq(plan, topic, payload, headers, now_ms, UNMAPPED,
+                             f"no mapping rule matches MQTT topic '{topic}' (add a [[rule]] to the mapping file)")
         try:
-            mapped = mapping.apply(topic, data)
-        except MappingError as err:
-            return dlq(UNMAPPED, f"{err} (add a [[rule]] to the mapping file)")
+            value = plan.apply(data)
         except ContractError as err:
-            return dlq(CONTRACT_VIOLATION, str(err))
-        return OutRecord(mapped.kafka_topic, mapped.key.encode(), _ENCODE(mapped.value).encode(), headers)
+            return self._dlq(plan, topic, payload, headers, now_ms, CONTRACT_VIOLATION, str(err))
+        return OutRecord(plan.kafka_topic, plan.key, _encode(value), headers)
 
-    def _topic(self, topic: str) -> tuple[Mapping, str | None, str | None]:
-        """(mapping holding just the matching rule, site, Kafka key) for a topic, cached."""
-        hit = self._topics.get(topic)
-        if hit is None:
-            rule = next((r for r in self.mapping.rules if r.match(topic) is not None), None)
-            segments = rule.match(topic) if rule else {}
-            hit = (Mapping([rule]) if rule else self.mapping, segments.get("site") or self.site,
-                   known_key(self.mapping, topic))
-            if len(self._topics) >= _TOPIC_CACHE:
-                self._topics.clear()
-            self._topics[topic] = hit
-        return hit
+    def _dlq(self, plan: _TopicPlan, topic: str, payload: bytes, headers: Headers, now_ms: int, reason: str,
+             detail: str) -> OutRecord:
+        return dead_letter(self.dlq_topic, topic, plan.key, payload, reason, detail, now_ms, headers)
+
+    def _plan(self, topic: str) -> _TopicPlan:
+        plan = _TopicPlan(self.mapping, topic, self.site)
+        if len(self._topics) >= _TOPIC_CACHE:
+            self._topics.clear()
+        self._topics[topic] = plan
+        return plan
 
 
 # ------------------------------------------------------------------ ack window
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     seq: int
     mid: int

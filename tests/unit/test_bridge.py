@@ -174,3 +174,45 @@ def test_help_names_the_environment_variable_of_every_option():
         if action.dest != "help":
             assert action.help and "(env BRIDGE_" in action.help, action.dest
     assert "mqtt_password" in text
+
+
+@pytest.mark.parametrize("payload", [
+    {"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"},
+    {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.5, "unit": "C", "extra": [1, 2]},
+    {"sensor_id": 7, "timestamp": 1.7e12, "temperature": 20, "unit": "F"},
+    {"timestamp": 5, "temperature": -0.0, "unit": "K", "sensor_id": None},
+    {"timestamp": 5, "temperature": 1e308, "unit": "C"},
+    {"timestamp": 5, "temperature": True, "unit": "C"},
+    {"timestamp": 5, "temperature": 10 ** 400, "unit": "C"},
+    {"timestamp": 5, "temperature": 2.5, "unit": "c"},
+    {"timestamp": 5, "temperature": 2.5, "unit": ""},
+    {"sensor_id": "8", "timestamp": 5, "temperature": 2.5, "unit": "C"},
+    {"timestamp": "5", "temperature": 2.5, "unit": "C"},
+    [1, 2],
+    "text",
+])
+def test_cached_topic_fast_path_maps_exactly_like_mapping_apply(router, payload):
+    """The router's per-topic fast path must give Mapping.apply's record or error, byte for byte."""
+    raw = json.dumps(payload).encode()
+    try:
+        mapped = Mapping.from_dicts(DEFAULT_RULES).apply(TOPIC, json.loads(raw))
+        expected = ("temperature-data", mapped.key.encode(),
+                    json.JSONEncoder(separators=(",", ":")).encode(mapped.value).encode(), None)
+    except ContractError as err:
+        expected = ("dead-letter", b"7", raw, f"contract_violation: {err}")
+    except OverflowError:
+        expected = OverflowError
+    for _ in range(2):                         # first call fills the topic cache, the second uses it
+        if expected is OverflowError:          # the bridge dead-letters this as "unprocessable"
+            with pytest.raises(OverflowError):
+                router.route(TOPIC, raw, None, 1)
+            continue
+        record = router.route(TOPIC, raw, None, 1)
+        reason = _headers(record).get(contracts.HEADER_DLQ_REASON)
+        assert (record.topic, record.key, record.value, reason and reason.decode()) == expected
+
+
+def test_non_utf8_topic_dead_letters_as_unmapped(router):
+    topic = b"sites/site-a/sensors/\xff/temp".decode(errors="replace")
+    record = router.route(topic, GOOD, None, 1)
+    assert (record.topic, record.reason) == ("dead-letter", "unmapped")
