@@ -19,8 +19,11 @@ class OffsetTracker:
         self._committable: dict[Partition, int] = {}    # next offset to consume, not committed yet
 
     def consumed(self, tp: Partition, offset: int) -> None:
-        self._pending.setdefault(tp, deque()).append(offset)
-        self._finished.setdefault(tp, set())
+        try:
+            self._pending[tp].append(offset)        # once per record: the common case first
+        except KeyError:
+            self._pending[tp] = deque((offset,))
+            self._finished.setdefault(tp, set())
 
     def finished(self, tp: Partition, offset: int) -> None:
         """Mark one record done; ignored for partitions dropped since (revoked)."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from services import contracts
 
@@ -135,9 +137,11 @@ def insert_cql(keyspace: str, table: str, lay: Layout, ttl_seconds: int | None =
 
 # ------------------------------------------------------------------ rows
 
-@dataclass(frozen=True)
-class Row:
-    """Column values up to the ingest fields; the write fields are added at write time."""
+class Row(NamedTuple):
+    """Column values up to the ingest fields; the write fields are added at write time.
+
+    A named tuple rather than a frozen dataclass: equally immutable, but built
+    several times faster, and the adapter builds one per record."""
     values: tuple[Any, ...]
     event_ms: int | None
     partition: tuple[Any, ...]    # partition key values, to group rows into single-partition batches
@@ -198,3 +202,40 @@ def build_row(lay: Layout, record: dict[str, Any], site: str, ingest_ms: int | N
     if lay.latency:
         values.append(None if ingest_ms is None else ingest_ms - event_ms)
     return Row(tuple(values), event_ms, tuple(values[i] for i in lay.partition_indexes))
+
+
+RowBuilder = Callable[[dict[str, Any], str, "int | None"], Row]
+
+
+def row_builder(lay: Layout) -> RowBuilder:
+    """build_row for one layout with the per-layout work done once: same rows, a few times cheaper.
+
+    The adapter builds one row per record, so looking up the layout's fields,
+    time field and partition indexes for every record was a measurable share
+    of its CPU. Falls back to build_row for the unusual case (no event time)."""
+    fields = tuple(field for _, _, field in lay.columns)
+    get = itemgetter(*fields) if len(fields) > 1 else (lambda record: (record[fields[0]],))
+    pidx = lay.partition_indexes
+    partition = itemgetter(*pidx) if len(pidx) > 1 else (lambda values: (values[pidx[0]],))
+    time_field, latency = lay.time_field, lay.latency
+
+    if time_field is None:
+        if latency:     # no such layout today; the generic path stays exact
+            return functools.partial(build_row, lay)
+
+        def build_registration(record: dict[str, Any], site: str, ingest_ms: int | None) -> Row:
+            values = (site, *get(record), ingest_ms)
+            return Row(values, None, partition(values))
+        return build_registration
+
+    def build_series(record: dict[str, Any], site: str, ingest_ms: int | None) -> Row:
+        event_ms = record[time_field]
+        if event_ms is None:
+            return build_row(lay, record, site, ingest_ms)
+        if latency:
+            values = (site, utc_day(event_ms), *get(record), ingest_ms,
+                      None if ingest_ms is None else ingest_ms - event_ms)
+        else:
+            values = (site, utc_day(event_ms), *get(record), ingest_ms)
+        return Row(values, event_ms, partition(values))
+    return build_series
