@@ -443,6 +443,9 @@ class Adapter:
         finally:
             self.consumer.close()
             self.session.cluster.shutdown()
+            # Destroy the producer now rather than whenever this object is collected
+            # (an embedding process, e.g. a benchmark, may outlive its Kafka).
+            self.producer = None
 
 
 def _names(partitions) -> str:
