@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -18,6 +19,10 @@ from pyspark.sql.streaming import StreamingQuery
 log = logging.getLogger("iot_stack.jobs")
 
 OFFSET_CHOICES = ("latest", "earliest")
+# STARTING_OFFSETS="<n> <unit> ago": start at the first record not older than that.
+_LOOKBACK = re.compile(r"(\d+)\s*(second|minute|hour|day)s?\s+ago")
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+DEFAULT_STARTING_OFFSETS = "1 hour ago"
 
 
 class SettingsError(SystemExit):
@@ -70,6 +75,20 @@ class KafkaSettings:
     options: dict[str, str]          # kafka.* options for every source and sink
     starting_offsets: str            # for the data sources; registries always start at earliest
 
+    def starting_options(self, now_ms: int | None = None) -> dict[str, str]:
+        """Source options for a query's first start (a checkpoint overrides them).
+
+        A lookback becomes Spark's startingTimestamp, computed when the job
+        starts: a job that crash-loops before its first checkpoint still
+        starts before the records that arrived meanwhile. Partitions with no
+        record that recent start at their end instead of failing the query."""
+        match = _LOOKBACK.fullmatch(self.starting_offsets)
+        if not match:
+            return {"startingOffsets": self.starting_offsets}
+        seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return {"startingTimestamp": str(now_ms - seconds * 1000), "startingOffsetsByTimestampStrategy": "latest"}
+
     @classmethod
     def from_env(cls) -> KafkaSettings:
         options = {"kafka.bootstrap.servers": env("KAFKA_BOOTSTRAP_SERVERS")}
@@ -77,9 +96,10 @@ class KafkaSettings:
         for name, value in os.environ.items():
             if name.startswith("KAFKA_OPTION_") and value:
                 options["kafka." + name.removeprefix("KAFKA_OPTION_").lower().replace("_", ".")] = value
-        offsets = env("STARTING_OFFSETS", "latest")
-        if offsets not in OFFSET_CHOICES and not offsets.startswith("{"):
-            raise SettingsError(f"STARTING_OFFSETS={offsets!r}: expected latest, earliest or a Spark offsets JSON")
+        offsets = env("STARTING_OFFSETS", DEFAULT_STARTING_OFFSETS)
+        if offsets not in OFFSET_CHOICES and not offsets.startswith("{") and not _LOOKBACK.fullmatch(offsets):
+            raise SettingsError(f"STARTING_OFFSETS={offsets!r}: expected latest, earliest, "
+                                "'<n> seconds|minutes|hours|days ago' or a Spark offsets JSON")
         return cls(options, offsets)
 
 
@@ -131,10 +151,12 @@ def ship_package() -> None:
     cloudpickle.register_pickle_by_value(iot_jobs)
 
 
-def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, starting_offsets: str) -> DataFrame:
+def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_topic: bool = False) -> DataFrame:
+    """The source's records from the checkpoint, or on a first start from where
+    STARTING_OFFSETS says (whole_topic: from the beginning, for registries)."""
+    starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
     return (spark.readStream.format("kafka")
-            .options(**kafka.options, **source.options())
-            .option("startingOffsets", starting_offsets)
+            .options(**kafka.options, **source.options(), **starting)
             .option("includeHeaders", "true")
             # A deleted or recreated topic must not stop a site's detector.
             .option("failOnDataLoss", "false")

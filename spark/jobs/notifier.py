@@ -59,7 +59,7 @@ def main() -> None:
 
     spark = runtime.session(JOB)
     events = notifier.parse_events(
-        runtime.read_kafka(spark, kafka, events_source, kafka.starting_offsets), site)
+        runtime.read_kafka(spark, kafka, events_source), site)
     sink = BatchSink(kafka.options, sensors_source.options(), devices_source.options(), site,
                               out_topic, dead_letter_topic, hook)
     query = (events.writeStream.queryName("notifications")

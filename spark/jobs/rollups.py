@@ -27,7 +27,7 @@ def main() -> None:
     checkpoint = runtime.checkpoint(JOB, "rollups-1m")
 
     spark = runtime.session(JOB)
-    parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source, kafka.starting_offsets), site)
+    parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source), site)
     windows = rollups.rollup_1m(readings.valid_readings(parsed), watermark)
     query = runtime.write_kafka(rollups.rollups_to_kafka(windows), kafka, "rollups-1m", checkpoint,
                                 topic=rollups_topic)

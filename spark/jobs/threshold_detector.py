@@ -35,11 +35,11 @@ def main() -> None:
     dead_letter_checkpoint = runtime.checkpoint(JOB, "dead-letter")
 
     spark = runtime.session(JOB, detector.SESSION_CONF)
-    parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source, kafka.starting_offsets), site)
+    parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source), site)
     registrations = None
     if registry.topic != "none":
         # The registry is compacted: always read all of it.
-        registrations = detector.registration_rows(runtime.read_kafka(spark, kafka, registry, "earliest"))
+        registrations = detector.registration_rows(runtime.read_kafka(spark, kafka, registry, whole_topic=True))
     events = detector.detect_thresholds(readings.valid_readings(parsed), registrations, config, ttl_ms)
     queries = [runtime.write_kafka(detector.events_to_kafka(events), kafka, "threshold-events",
                                    events_checkpoint, topic=events_topic)]

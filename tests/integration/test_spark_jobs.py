@@ -210,9 +210,14 @@ def test_notifier_joins_registrations_of_every_site_and_dead_letters_failed_webh
     event = {"sensor_id": "n1", "site": "site-a", "timestamp": T0 + 65_000, "temperature_threshold": 30.0,
              "average_transgression": 31.5, "max_transgression": 33.0, "exceeded_for_ms": 65_000,
              "first_transgression": T0, "last_transgression": T0 + 60_000, "is_first": False, "is_last": True}
+    # Older than the job's starting lookback (record time two hours ago): never announced.
+    old = Producer({"bootstrap.servers": cluster.external, "acks": "all"})
+    old.produce("site-a.temperature-threshold-events", key="n0", value=json.dumps({**event, "sensor_id": "n0"}),
+                timestamp=int(time.time() * 1000) - 2 * 3600_000)
+    assert old.flush(30) == 0
     produce(cluster, "site-a.temperature-threshold-events", [("n1", event)])
     produce(cluster, "site-b.temperature-threshold-events", [("n7", {**event, "sensor_id": "n7", "site": "site-b"})])
-    start_job(lab, "notifier", "notifier", job_env(cluster, SITE="datacenter",
+    start_job(lab, "notifier", "notifier", job_env(cluster, SITE="datacenter", STARTING_OFFSETS="1 hour ago",
                                                     WEBHOOK_URL="http://webhook:8443/bot1:x/sendMessage",
                                                     WEBHOOK_CHAT_ID="42", WEBHOOK_ATTEMPTS="2",
                                                     WEBHOOK_BACKOFF_SECONDS="0.2",

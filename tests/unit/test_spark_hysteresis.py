@@ -190,8 +190,32 @@ def test_kafka_settings_pass_security_options_and_name_missing_variables(monkeyp
     assert settings.options == {"kafka.bootstrap.servers": "kafka-1:9092", "kafka.security.protocol": "SSL",
                                 "kafka.ssl.truststore.location": "/run/secrets/truststore.jks"}
     assert settings.starting_offsets == "earliest"
+    assert settings.starting_options() == {"startingOffsets": "earliest"}
     monkeypatch.setenv("STARTING_OFFSETS", "newest")
     with pytest.raises(runtime.SettingsError, match="STARTING_OFFSETS='newest'"):
+        runtime.KafkaSettings.from_env()
+
+
+@pytest.mark.parametrize("value, seconds", [("1 hour ago", 3600), ("90 seconds ago", 90), ("2 days ago", 172800),
+                                            ("1 minute ago", 60)])
+def test_starting_offsets_lookback_starts_at_a_timestamp_relative_to_job_start(monkeypatch, value, seconds):
+    from iot_jobs import runtime
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")
+    monkeypatch.setenv("STARTING_OFFSETS", value)
+    options = runtime.KafkaSettings.from_env().starting_options(now_ms=10_000_000_000)
+    # Partitions with nothing that recent start at their end instead of failing the query.
+    assert options == {"startingTimestamp": str(10_000_000_000 - seconds * 1000),
+                       "startingOffsetsByTimestampStrategy": "latest"}
+
+
+def test_starting_offsets_default_is_a_one_hour_lookback(monkeypatch):
+    from iot_jobs import runtime
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")
+    monkeypatch.delenv("STARTING_OFFSETS", raising=False)
+    assert runtime.KafkaSettings.from_env().starting_options(now_ms=7_200_000) == {
+        "startingTimestamp": "3600000", "startingOffsetsByTimestampStrategy": "latest"}
+    monkeypatch.setenv("STARTING_OFFSETS", "1 fortnight ago")
+    with pytest.raises(runtime.SettingsError, match="'<n> seconds\\|minutes\\|hours\\|days ago'"):
         runtime.KafkaSettings.from_env()
 
 
