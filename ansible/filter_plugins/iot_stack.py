@@ -126,7 +126,9 @@ def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str
     labels = node_labels(hostvars_of_host)
     needed = set()
     if is_manager or "iot.zookeeper" in labels or "iot.kafka" in labels:
-        needed.add("kafka")  # the manager runs the topic tools
+        needed.add("kafka")  # the manager runs the health role's Kafka probes
+    if is_manager:
+        needed.add("services")  # ... and the topics role's iot-topics
     if "iot.cassandra" in labels:
         needed.add("cassandra")
     if "iot.apps" in labels:

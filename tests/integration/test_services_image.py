@@ -8,7 +8,7 @@ import pytest
 from tests.integration.docker_lab import docker, image
 from tooling import artifacts
 
-ENTRY_POINTS = ("iot-bridge", "iot-cassandra-adapter", "iot-simulator", "iot-registrar")
+ENTRY_POINTS = ("iot-bridge", "iot-cassandra-adapter", "iot-simulator", "iot-registrar", "iot-topics")
 
 
 def _locked_version(project: str) -> str:

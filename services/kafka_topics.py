@@ -1,0 +1,414 @@
+"""Create a site's missing Kafka topics with one AdminClient call.
+
+  iot-topics ensure --bootstrap kafka-1:9092,kafka-2:9092 --replication 2 --min-insync 1 \\
+      --retention-ms 604800000 \\
+      --spec '[{"name": "temperature-data", "partitions": 6, "cleanup": "delete"},
+               {"name": "device-registration", "partitions": 1, "cleanup": "compact"}]'
+
+--spec is a JSON list of {name, partitions, cleanup (delete|compact), optional
+retention_ms}. The tool waits (up to --wait-seconds) until the cluster answers
+with at least --replication brokers, then creates every listed topic that does
+not exist yet in a single CreateTopics request: replication factor, cleanup.policy,
+min.insync.replicas and, for cleanup=delete only, retention.ms (a topic's own
+retention_ms wins over --retention-ms). Existing topics are never altered; one
+with fewer partitions or another cleanup.policy than the spec gets a warning on
+stderr. --dry-run creates nothing (ansible-playbook --check).
+
+stdout is exactly one JSON line, lists sorted:
+  {"existing": [...], "created": [...], "would_create": [...]}
+Progress, warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka did not
+answer in time or refused a topic; 2 bad arguments or a bad spec.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PROG = "iot-topics"
+CLEANUP_POLICIES = ("delete", "compact")
+SPEC_FIELDS = ("name", "partitions", "cleanup", "retention_ms")
+# Kafka's own rule (org.apache.kafka.common.internals.Topic): 1-249 of these, not "." or "..".
+TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+PROGRESS_EVERY_S = 10.0
+CREATE_ATTEMPTS = 5          # one request, plus retries of retriable errors only
+CREATE_RETRY_DELAY_S = 5.0
+
+
+class SpecError(ValueError):
+    """The spec or a flag is wrong; the message names the field and what it should be."""
+
+
+class TopicsError(RuntimeError):
+    """Kafka did not answer in time or refused a topic; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    cleanup: str
+    retention_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ExistingTopic:
+    partitions: int
+    cleanup: str | None = None   # None: its configs could not be read
+
+
+@dataclass(frozen=True)
+class NewTopicPlan:
+    name: str
+    partitions: int
+    replication: int
+    config: dict[str, str]
+
+    def describe(self) -> str:
+        configs = ", ".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.name} ({self.partitions} partitions, replication {self.replication}, {configs})"
+
+
+@dataclass
+class Plan:
+    create: list[NewTopicPlan] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ pure logic
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def topic_name_error(name: Any) -> str | None:
+    """Why `name` is not a legal Kafka topic name, or None when it is."""
+    if not isinstance(name, str) or not name:
+        return f"must be a non-empty string (got {name!r})"
+    if name in (".", ".."):
+        return f"{name!r} is not a legal Kafka topic name ('.' and '..' are reserved)"
+    if len(name) > 249:
+        return f"is {len(name)} characters long; a Kafka topic name has at most 249"
+    if not TOPIC_NAME_RE.match(name):
+        return f"{name!r} is not a legal Kafka topic name: use only letters, digits, '.', '_' and '-'"
+    return None
+
+
+def validate_spec(raw: Any) -> list[TopicSpec]:
+    """The topics of a decoded --spec; raises SpecError listing every bad field."""
+    if not isinstance(raw, list):
+        raise SpecError(f"spec: must be a JSON list of topics, got {type(raw).__name__}")
+    errors: list[str] = []
+    topics: list[TopicSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw, start=1):
+        where = f"spec[{i}]"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: must be an object with {', '.join(SPEC_FIELDS)}, got {item!r}")
+            continue
+        if isinstance(item.get("name"), str):
+            where += f" ({item['name']})"
+        item_errors = [f"{where}: unknown field {key!r} (fields: {', '.join(SPEC_FIELDS)})"
+                       for key in item if key not in SPEC_FIELDS]
+        name = item.get("name")
+        if "name" not in item:
+            item_errors.append(f"{where}.name: missing; every topic needs a name")
+        elif (why := topic_name_error(name)) is not None:
+            item_errors.append(f"{where}.name: {why}")
+        elif name in seen:
+            item_errors.append(f"{where}.name: {name!r} is listed twice (also spec[{seen[name]}])")
+        partitions = item.get("partitions")
+        if not _is_int(partitions) or partitions < 1:
+            item_errors.append(f"{where}.partitions: must be a whole number of 1 or more (got {partitions!r})")
+        cleanup = item.get("cleanup")
+        if cleanup not in CLEANUP_POLICIES:
+            item_errors.append(f"{where}.cleanup: must be one of {', '.join(CLEANUP_POLICIES)} (got {cleanup!r})")
+        retention = item.get("retention_ms")
+        if retention is not None:
+            if not _is_int(retention) or retention < -1:
+                item_errors.append(f"{where}.retention_ms: must be a whole number of milliseconds, "
+                                   f"or -1 for no limit (got {retention!r})")
+            elif cleanup == "compact":
+                item_errors.append(f"{where}.retention_ms: applies only to cleanup=delete; "
+                                   "remove it from this compacted topic")
+        if item_errors:
+            errors += item_errors
+            continue
+        seen[name] = i
+        topics.append(TopicSpec(name, partitions, cleanup, retention))
+    if errors:
+        raise SpecError("\n".join(errors))
+    return topics
+
+
+def parse_spec(text: str) -> list[TopicSpec]:
+    """--spec text -> topics; raises SpecError naming what is wrong."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"spec: not valid JSON: {err}") from None
+    return validate_spec(raw)
+
+
+def check_settings(replication: int, min_insync: int, retention_ms: int | None) -> None:
+    """The cluster-wide flags; raises SpecError naming the flag."""
+    if replication < 1:
+        raise SpecError(f"--replication must be 1 or more (got {replication})")
+    if not 1 <= min_insync <= replication:
+        raise SpecError(f"--min-insync must be between 1 and --replication ({replication}) (got {min_insync})")
+    if retention_ms is not None and retention_ms < -1:
+        raise SpecError(f"--retention-ms must be milliseconds, or -1 for no limit (got {retention_ms})")
+
+
+def topic_config(topic: TopicSpec, min_insync: int, retention_ms: int | None) -> dict[str, str]:
+    """Configs a new topic is created with; retention.ms only where old records are deleted."""
+    config = {"cleanup.policy": topic.cleanup, "min.insync.replicas": str(min_insync)}
+    if topic.cleanup == "delete":
+        retention = topic.retention_ms if topic.retention_ms is not None else retention_ms
+        if retention is not None:
+            config["retention.ms"] = str(retention)
+    return config
+
+
+def drift_warnings(topic: TopicSpec, actual: ExistingTopic) -> list[str]:
+    """How an existing topic differs from the spec in what this tool would not change."""
+    warnings = []
+    if actual.partitions < topic.partitions:
+        warnings.append(f"topic {topic.name} has {actual.partitions} partitions, the spec wants {topic.partitions}; "
+                        "left as it is (add partitions with kafka-topics --alter)")
+    if actual.cleanup is not None:
+        policies = {p.strip() for p in actual.cleanup.split(",") if p.strip()}
+        if policies != {topic.cleanup}:
+            warnings.append(f"topic {topic.name} has cleanup.policy={actual.cleanup}, the spec wants {topic.cleanup}; "
+                            "left as it is")
+    return warnings
+
+
+def plan_topics(spec: list[TopicSpec], existing: dict[str, ExistingTopic], replication: int, min_insync: int,
+                retention_ms: int | None) -> Plan:
+    """Which topics to create and with what configs; drift warnings for the existing ones."""
+    plan = Plan()
+    for topic in spec:
+        if topic.name in existing:
+            plan.existing.append(topic.name)
+            plan.warnings += drift_warnings(topic, existing[topic.name])
+        else:
+            plan.create.append(NewTopicPlan(topic.name, topic.partitions, replication,
+                                            topic_config(topic, min_insync, retention_ms)))
+    plan.existing.sort()
+    return plan
+
+
+def result_line(existing: list[str], created: list[str], would_create: list[str]) -> str:
+    return json.dumps({"existing": sorted(existing), "created": sorted(created),
+                       "would_create": sorted(would_create)})
+
+
+# ------------------------------------------------------------------ Kafka
+
+
+def _say(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+_RDKAFKA_PREFIX = re.compile(r"^\S+ \[[^\]]*\] \[thrd:[^\]]*\]: ")
+
+
+class _LastMessage(logging.Handler):
+    """Keeps librdkafka's latest log line for progress and error messages instead of printing them all."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.log: str | None = None      # latest log line (e.g. "Failed to resolve 'kafka-1:9092' ...")
+        self.error: str | None = None    # latest error callback (e.g. "1/1 brokers are down")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # "FAIL [rdkafka#producer-1] [thrd:kafka-1:9092/bootstrap]: kafka-1:9092/bootstrap: Failed to ..."
+        self.log = _RDKAFKA_PREFIX.sub("", record.getMessage())
+
+    @property
+    def last(self) -> str | None:
+        return self.log or self.error
+
+
+def admin_client(bootstrap: str, quiet: _LastMessage):
+    from confluent_kafka.admin import AdminClient
+
+    logger = logging.getLogger(f"{PROG}.librdkafka")
+    logger.propagate = False
+    logger.setLevel(logging.WARNING)
+    logger.handlers = [quiet]
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": logger,
+                        "error_cb": lambda err: setattr(quiet, "error", err.str())})
+
+
+def wait_for_brokers(admin, bootstrap: str, needed: int, wait_seconds: float, quiet: _LastMessage,
+                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    """Cluster metadata once at least `needed` brokers are registered; TopicsError after wait_seconds."""
+    from confluent_kafka import KafkaException
+
+    started = clock()
+    deadline = started + wait_seconds
+    last_report = started
+    problem = "no answer yet"
+    while True:
+        remaining = deadline - clock()
+        try:
+            metadata = admin.list_topics(timeout=max(1.0, min(8.0, remaining)))
+            if len(metadata.brokers) >= needed:
+                return metadata
+            problem = f"{len(metadata.brokers)} of {needed} brokers registered"
+        except KafkaException as err:
+            problem = err.args[0].str() if err.args and hasattr(err.args[0], "str") else str(err)
+        admin.poll(0)  # serves the log and error callbacks
+        detail = f"{problem}; librdkafka: {quiet.last}" if quiet.last else problem
+        now = clock()
+        if now >= deadline:
+            raise TopicsError(f"Kafka at {bootstrap} did not answer with {needed} broker(s) within "
+                              f"{wait_seconds:.0f}s ({detail})")
+        sleep(min(2.0, deadline - now))
+        now = clock()
+        if now - last_report >= PROGRESS_EVERY_S and now < deadline:
+            _say(f"waiting for Kafka at {bootstrap} ({now - started:.0f}s of {wait_seconds:.0f}s): {detail}")
+            last_report = now
+
+
+def read_existing(admin, metadata, names: list[str]) -> tuple[dict[str, ExistingTopic], list[str]]:
+    """Partitions and cleanup.policy of those of `names` that exist; warnings for configs not readable."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    present = [n for n in names if n in metadata.topics]
+    cleanup: dict[str, str | None] = dict.fromkeys(present)
+    warnings = []
+    if present:
+        futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in present],
+                                         request_timeout=60)
+        for resource, future in futures.items():
+            try:
+                entry = future.result().get("cleanup.policy")
+                cleanup[resource.name] = entry.value if entry is not None else None
+            except KafkaException as err:
+                warnings.append(f"could not read the configs of topic {resource.name}: {err.args[0]}")
+    existing = {n: ExistingTopic(len(metadata.topics[n].partitions), cleanup[n]) for n in present}
+    return existing, warnings
+
+
+def _retriable(kerr) -> bool:
+    """Per-topic admin results do not carry librdkafka's retriable flag, so the codes are listed."""
+    from confluent_kafka import KafkaError
+
+    return kerr.retriable() or kerr.code() in (
+        KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError.NOT_CONTROLLER,
+        KafkaError.LEADER_NOT_AVAILABLE, KafkaError.BROKER_NOT_AVAILABLE)
+
+
+def create_topics(admin, topics: list[NewTopicPlan], deadline: float,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> tuple[list[str], list[str]]:
+    """(created, already there) after one CreateTopics request (retried only for retriable errors)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    created: list[str] = []
+    raced: list[str] = []
+    pending = {t.name: t for t in topics}
+    timed_out: set[str] = set()   # a retriable failure may still have created the topic
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        futures = admin.create_topics([NewTopic(t.name, num_partitions=t.partitions,
+                                                replication_factor=t.replication, config=t.config)
+                                       for t in pending.values()], operation_timeout=30, request_timeout=60)
+        retry: dict[str, NewTopicPlan] = {}
+        failures: list[str] = []
+        for name, future in futures.items():
+            try:
+                future.result()
+                created.append(name)
+            except KafkaException as err:
+                kerr = err.args[0]
+                if kerr.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    (created if name in timed_out else raced).append(name)
+                elif _retriable(kerr) and attempt < CREATE_ATTEMPTS and clock() < deadline:
+                    _say(f"creating topic {name}: {kerr.name()}: {kerr.str()}; retrying")
+                    retry[name] = pending[name]
+                    timed_out.add(name)
+                else:
+                    failures.append(f"could not create topic {name}: {kerr.name()}: {kerr.str()}")
+        if failures:
+            raise TopicsError("\n".join(failures))
+        if not retry:
+            break
+        pending = retry
+        sleep(CREATE_RETRY_DELAY_S)
+    return created, raced
+
+
+def ensure(args: argparse.Namespace) -> int:
+    spec = parse_spec(args.spec)
+    check_settings(args.replication, args.min_insync, args.retention_ms)
+    quiet = _LastMessage()
+    admin = admin_client(args.bootstrap, quiet)
+    deadline = time.monotonic() + args.wait_seconds
+    metadata = wait_for_brokers(admin, args.bootstrap, args.replication, args.wait_seconds, quiet)
+    existing, warnings = read_existing(admin, metadata, [t.name for t in spec])
+    plan = plan_topics(spec, existing, args.replication, args.min_insync, args.retention_ms)
+    for warning in warnings + plan.warnings:
+        _say(f"warning: {warning}")
+    if args.dry_run:
+        for topic in plan.create:
+            _say(f"would create {topic.describe()}")
+        print(result_line(plan.existing, [], [t.name for t in plan.create]))
+        return 0
+    created, raced = create_topics(admin, plan.create, deadline) if plan.create else ([], [])
+    by_name = {t.name: t for t in plan.create}
+    for name in sorted(created):
+        _say(f"created {by_name[name].describe()}")
+    for name in sorted(raced):
+        _say(f"topic {name} was created by someone else meanwhile; left as it is")
+    print(result_line(plan.existing + raced, created, []))
+    return 0
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("ensure", help="create the spec's missing topics, leave existing ones alone")
+    e.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092")
+    e.add_argument("--spec", required=True,
+                   help='JSON list of {"name", "partitions", "cleanup": "delete"|"compact", optional "retention_ms"}')
+    e.add_argument("--replication", type=int, default=1, help="replication factor of new topics (default 1)")
+    e.add_argument("--min-insync", type=int, default=1, help="min.insync.replicas of new topics (default 1)")
+    e.add_argument("--retention-ms", type=int, default=None,
+                   help="retention.ms of new cleanup=delete topics without their own retention_ms "
+                        "(default: the broker's)")
+    e.add_argument("--dry-run", action="store_true", help="print what would be created, create nothing")
+    e.add_argument("--wait-seconds", type=float, default=600.0,
+                   help="how long to wait for the cluster to answer with --replication brokers (default 600)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return ensure(args)
+    except SpecError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    except TopicsError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
