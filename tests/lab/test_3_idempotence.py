@@ -1,15 +1,29 @@
-"""A second run of site.yml against the running lab changes nothing."""
+"""A second run of site.yml against the running lab changes nothing, and --check works."""
 from __future__ import annotations
 
 import re
 
 from tests.lab.conftest import run_lab
 
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def recap(output: str) -> dict[str, tuple[int, int, int]]:
+    """host -> (changed, unreachable, failed) from the PLAY RECAP."""
+    return {host: (int(c), int(u), int(f)) for host, _, c, u, f in RECAP.findall(output)}
+
 
 def test_second_site_yml_run_reports_no_changes(lab_hosts):
-    output = run_lab("playbook").stderr
-    recap = re.findall(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
-    assert {host for host, *_ in recap} >= {h.name for h in lab_hosts}
-    changed = {host: int(c) for host, _, c, _, _ in recap if int(c)}
+    hosts = recap(run_lab("playbook").stderr)
+    assert set(hosts) >= {h.name for h in lab_hosts}
+    changed = {host: c for host, (c, _, _) in hosts.items() if c}
     assert changed == {}, f"second run changed something: {changed}"
-    assert all(int(failed) == 0 and int(unreachable) == 0 for _, _, _, unreachable, failed in recap)
+    assert all(u == 0 and f == 0 for _, u, f in hosts.values()), hosts
+
+
+def test_check_mode_on_a_converged_lab_fails_nothing_and_would_change_nothing(lab_hosts):
+    hosts = recap(run_lab("playbook", "--check").stderr)
+    assert set(hosts) >= {h.name for h in lab_hosts}
+    assert all(u == 0 and f == 0 for _, u, f in hosts.values()), hosts
+    would_change = {host: c for host, (c, _, _) in hosts.items() if c}
+    assert would_change == {}, f"--check predicts changes on a converged lab: {would_change}"
