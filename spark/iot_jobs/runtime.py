@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger("iot_stack.jobs")
 
@@ -164,8 +164,10 @@ def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_
 
 
 def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_dir: str,
-                topic: str | None = None) -> StreamingQuery:
-    """records: key, value, optional headers, and `topic` unless `topic` is given."""
+                topic: str | None = None) -> DataStreamWriter:
+    """records: key, value, optional headers, and `topic` unless `topic` is given.
+
+    Returns the writer; run_until_stopped starts it (and can start it again)."""
     writer = (records.writeStream.format("kafka").queryName(name)
               .options(**kafka.options)
               .option("checkpointLocation", checkpoint_dir)
@@ -174,11 +176,33 @@ def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_
         writer = writer.trigger(**trigger_options())
     if topic:
         writer = writer.option("topic", topic)
-    return writer.start()
+    return writer
 
 
-def run_until_stopped(spark: SparkSession, queries: list[StreamingQuery]) -> None:
-    """Wait for SIGTERM/SIGINT, then stop each query between micro-batches and exit 0.
+# PySpark waits a fixed 10 s (PythonWorkerFactory, not configurable) for a new
+# Python worker to connect back; transformWithStateInPandas starts one while it
+# plans a query's first micro-batch. On a CPU-starved host the worker's imports
+# take longer and the query fails before it ran. Starting the query again in
+# this driver costs seconds; letting Swarm restart the JVM costs minutes of CPU
+# and makes the starvation worse.
+WORKER_START_FAILURES = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET")
+WORKER_START_RETRIES = 10
+
+
+def restart_reason(error: str, restarts: int) -> str | None:
+    """Why a failed query may be started again in-process, or None (then the job exits)."""
+    if restarts >= WORKER_START_RETRIES:
+        return None
+    return next((f"python worker start timed out ({marker})" for marker in WORKER_START_FAILURES
+                 if marker in error), None)
+
+
+def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> None:
+    """Start the queries, wait for SIGTERM/SIGINT, then stop each between micro-batches and exit 0.
+
+    A query that fails because its Python worker started too slowly is started
+    again from its checkpoint (up to WORKER_START_RETRIES times); any other
+    failure ends the job with the query's error, for Swarm to restart.
 
     The JVM owns the process that Docker signals (spark-submit), so SIGTERM is
     caught there with a JVM signal handler calling back into Python; the default
@@ -187,12 +211,19 @@ def run_until_stopped(spark: SparkSession, queries: list[StreamingQuery]) -> Non
     """
     stop = threading.Event()
     _catch_signals(spark, stop)
+    queries = [writer.start() for writer in writers]
     log.info("started queries=%s", ",".join(q.name or q.id for q in queries))
     logged: dict[str, int] = {}
+    restarts = [0] * len(queries)
     while not stop.is_set():
-        for query in queries:
+        for i, query in enumerate(queries):
             if query.exception() is not None or not query.isActive:
-                raise RuntimeError(f"query {query.name} stopped: {query.exception()}")
+                reason = restart_reason(str(query.exception()), restarts[i])
+                if reason is None:
+                    raise RuntimeError(f"query {query.name} stopped: {query.exception()}")
+                restarts[i] += 1
+                log.warning("restarting query=%s attempt=%d reason=%s", query.name, restarts[i], reason)
+                query = queries[i] = writers[i].start()
             _log_progress(query, logged)
         stop.wait(1.0)
     log.info("stopping: signal received")

@@ -62,12 +62,11 @@ def main() -> None:
         runtime.read_kafka(spark, kafka, events_source), site)
     sink = BatchSink(kafka.options, sensors_source.options(), devices_source.options(), site,
                               out_topic, dead_letter_topic, hook)
-    query = (events.writeStream.queryName("notifications")
-             .foreachBatch(sink)
-             .option("checkpointLocation", checkpoint)
-             .trigger(**(runtime.trigger_options() or {"processingTime": "0 seconds"}))
-             .start())
-    runtime.run_until_stopped(spark, [query])
+    writer = (events.writeStream.queryName("notifications")
+              .foreachBatch(sink)
+              .option("checkpointLocation", checkpoint)
+              .trigger(**(runtime.trigger_options() or {"processingTime": "0 seconds"})))
+    runtime.run_until_stopped(spark, [writer])
 
 
 if __name__ == "__main__":

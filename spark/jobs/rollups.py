@@ -29,9 +29,9 @@ def main() -> None:
     spark = runtime.session(JOB)
     parsed = readings.parse_readings(runtime.read_kafka(spark, kafka, source), site)
     windows = rollups.rollup_1m(readings.valid_readings(parsed), watermark)
-    query = runtime.write_kafka(rollups.rollups_to_kafka(windows), kafka, "rollups-1m", checkpoint,
-                                topic=rollups_topic)
-    runtime.run_until_stopped(spark, [query])
+    writer = runtime.write_kafka(rollups.rollups_to_kafka(windows), kafka, "rollups-1m", checkpoint,
+                                 topic=rollups_topic)
+    runtime.run_until_stopped(spark, [writer])
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ def main() -> None:
         # The registry is compacted: always read all of it.
         registrations = detector.registration_rows(runtime.read_kafka(spark, kafka, registry, whole_topic=True))
     events = detector.detect_thresholds(readings.valid_readings(parsed), registrations, config, ttl_ms)
-    queries = [runtime.write_kafka(detector.events_to_kafka(events), kafka, "threshold-events",
+    writers = [runtime.write_kafka(detector.events_to_kafka(events), kafka, "threshold-events",
                                    events_checkpoint, topic=events_topic)]
     if dead_letter_topic != "none":
-        queries.append(runtime.write_kafka(readings.dead_letters(parsed, dead_letter_topic), kafka,
+        writers.append(runtime.write_kafka(readings.dead_letters(parsed, dead_letter_topic), kafka,
                                            "dead-letter", dead_letter_checkpoint))
-    runtime.run_until_stopped(spark, queries)
+    runtime.run_until_stopped(spark, writers)
 
 
 if __name__ == "__main__":

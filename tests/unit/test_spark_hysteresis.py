@@ -316,3 +316,15 @@ def test_webhook_retries_connection_refused():
     sleeps = []
     reason = make_webhook(f"http://127.0.0.1:{port}/x", sleeps, attempts=2).send("hot")
     assert reason.startswith("webhook failed after 2 attempt(s): URLError") and sleeps == [0.5]
+
+
+def test_only_a_slow_python_worker_start_restarts_a_query_in_process_and_only_a_bounded_number_of_times():
+    from iot_jobs import runtime
+    slow = ("[STREAM_FAILED] Query [id = 3b, runId = 24] terminated with exception: "
+            "org.apache.spark.SparkException: Python worker failed to connect back.")
+    assert "python worker start timed out" in runtime.restart_reason(slow, 0)
+    assert runtime.restart_reason("[CANNOT_OPEN_SOCKET] Can not open socket", 3) is not None
+    assert runtime.restart_reason(slow, runtime.WORKER_START_RETRIES) is None
+    # Anything else (bad data, Kafka authorisation, a bug) ends the job for Swarm to restart.
+    assert runtime.restart_reason("org.apache.kafka.common.errors.TopicAuthorizationException", 0) is None
+    assert runtime.restart_reason("None", 0) is None
