@@ -68,9 +68,9 @@ def _produce(bootstrap: str, records: int, sensors: int) -> tuple[int, int]:
 
 def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
                  stage: str = "adapter") -> tuple[float, bool]:
-    from services.cassandra_adapter import Adapter
-    from services.cassandra_mappings import parse_mappings
-    from services.cassandra_settings import load, parser
+    from services.adapter.app import Adapter
+    from services.adapter.mappings import parse_mappings
+    from services.adapter.settings import load, parser
 
     settings = load(parser().parse_args([
         "--kafka-bootstrap", bootstrap, "--cassandra-hosts", "127.0.0.1", "--cassandra-port", str(cql_port),
@@ -96,7 +96,7 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
     from confluent_kafka import Consumer
 
     from services import contracts
-    from services.cassandra_schema import build_row, create_keyspace_cql, create_table_cql, insert_cql, layout
+    from services.adapter.schema import build_row, create_keyspace_cql, create_table_cql, insert_cql, layout
 
     lay = layout(contracts.READING.name)
     session.execute(create_keyspace_cql("bench_sync", {"dc1": 1}), timeout=60)
@@ -149,7 +149,7 @@ def _measure(stage: str, written, total: int, timeout: float, detail=lambda: "")
 
 
 def _count(session, keyspace: str, sensors: int, span: tuple[int, int]) -> int:
-    from services.cassandra_schema import utc_day
+    from services.adapter.schema import utc_day
 
     days = {utc_day(span[0]).date, utc_day(span[1]).date}
     query = session.prepare(f"SELECT count(*) FROM {keyspace}.readings WHERE site = ? AND sensor_id = ? AND day = ?")
@@ -159,9 +159,9 @@ def _count(session, keyspace: str, sensors: int, span: tuple[int, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    from tests.integration.cassandra_node import start_cassandra
-    from tests.integration.docker_lab import Lab, docker
-    from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+    from tooling.testbed.cassandra_node import start_cassandra
+    from tooling.testbed.docker_lab import Lab, docker
+    from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
     if docker("info", check=False).returncode != 0:
         print("bench adapter: no Docker engine answers (run scripts/engine)", file=sys.stderr)

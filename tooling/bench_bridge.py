@@ -35,14 +35,14 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from services import bridge_metrics as metrics
-from services.bridge import Bridge
-from services.bridge_settings import BridgeSettings
-from services.mapping import Mapping
-from services.observability import StopFlag
-from tests.integration.docker_lab import Lab, docker, free_port, image, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from services.bridge import metrics
+from services.bridge.app import Bridge
+from services.bridge.rules import Mapping
+from services.bridge.settings import BridgeSettings
+from services.common.observability import StopFlag
 from tooling.progress import log
+from tooling.testbed.docker_lab import Lab, docker, free_port, image, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 USER, PASSWORD = "bench", "bench-pw"
 SITE = "bench"

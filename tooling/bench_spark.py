@@ -26,9 +26,9 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
-from tests.integration.docker_lab import Lab, docker, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
 from tooling.progress import log
+from tooling.testbed.docker_lab import Lab, docker, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 JOB = "/opt/iot-stack/spark/jobs/threshold_detector.py"
 HOT, COLD, RUN = 35.0, 20.0, 5          # default limits: threshold 30 C, hysteresis 2 C

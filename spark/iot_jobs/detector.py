@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from iot_jobs.hysteresis import SensorState, ThresholdConfig, advance
-from services import contracts
+from services.common import contracts
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 EVENT_FIELDS = contracts.THRESHOLD_EVENT.field_names()

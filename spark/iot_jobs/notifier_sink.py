@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 
 from iot_jobs import notifier
 from iot_jobs.webhook import Webhook
-from services import contracts
+from services.common import contracts
 
 log = logging.getLogger("iot_stack.notifier")
 

@@ -6,7 +6,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from services import contracts
+from services.common import contracts
 
 READING_DDL = contracts.spark_ddl(contracts.READING.name)
 

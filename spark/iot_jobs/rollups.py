@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from services import contracts
+from services.common import contracts
 
 ROLLUP_FIELDS = contracts.ROLLUP.field_names()
 

@@ -17,7 +17,7 @@ from iot_jobs import notifier, runtime  # noqa: E402
 from iot_jobs.notifier_sink import BatchSink  # noqa: E402
 from iot_jobs.webhook import Webhook  # noqa: E402
 
-from services import contracts  # noqa: E402
+from services.common import contracts  # noqa: E402
 
 JOB = "notifier"
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot
 
 from iot_jobs import readings, rollups, runtime  # noqa: E402
 
-from services import contracts  # noqa: E402
+from services.common import contracts  # noqa: E402
 
 JOB = "rollups"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.docker_lab import Lab, docker
+from tooling.testbed.docker_lab import Lab, docker
 
 
 def pytest_collection_modifyitems(items):

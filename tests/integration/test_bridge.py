@@ -17,9 +17,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from services import contracts
-from tests.integration.docker_lab import docker, free_port, image, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from services.common import contracts
+from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 SITE = "site-a"
 DEVICE, DEVICE_PW = "device", "device-pw"

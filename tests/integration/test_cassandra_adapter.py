@@ -14,10 +14,10 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.cassandra_schema import utc_day
-from tests.integration.cassandra_node import restart, start_cassandra
-from tests.integration.docker_lab import docker, free_port, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from services.adapter.schema import utc_day
+from tooling.testbed.cassandra_node import restart, start_cassandra
+from tooling.testbed.docker_lab import docker, free_port, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 TOPIC, DEAD_LETTER, PARTITIONS = "temperature-data", "dead-letter", 3
 KEYSPACE, GROUP, SITE = "itest", "itest-adapter", "site-it"

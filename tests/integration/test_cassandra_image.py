@@ -15,7 +15,7 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy
 
-from tests.integration.docker_lab import docker, free_port, wait_until
+from tooling.testbed.docker_lab import docker, free_port, wait_until
 
 NODE = "cassandra-1"
 DC = "site-a"

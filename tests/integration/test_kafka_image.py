@@ -6,8 +6,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from tests.integration.docker_lab import docker, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.docker_lab import docker, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 RECORDS = 1000
 

@@ -6,8 +6,8 @@ import json
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 
-from tests.integration.docker_lab import docker, image
-from tests.integration.kafka_cluster import start_kafka_cluster
+from tooling.testbed.docker_lab import docker, image
+from tooling.testbed.kafka_cluster import start_kafka_cluster
 
 RETENTION_MS = 86_400_000
 SPEC = [

@@ -5,8 +5,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.docker_lab import wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.docker_lab import wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 TOPIC = "temperature-threshold-events"
 RECORDS = 200

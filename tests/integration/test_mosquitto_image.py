@@ -7,7 +7,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.integration.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 
 USER, PASSWORD = "device-7", "s3cret-for-tests"
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tests.integration.docker_lab import docker, image
 from tooling import artifacts
+from tooling.testbed.docker_lab import docker, image
 
 ENTRY_POINTS = ("iot-bridge", "iot-cassandra-adapter", "iot-simulator", "iot-registrar", "iot-topics")
 

@@ -9,9 +9,9 @@ import pytest
 from confluent_kafka import Consumer
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from services import contracts
-from tests.integration.docker_lab import docker, free_port, image, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from services.common import contracts
+from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 USER, PASSWORD = "simulator", "sim-secret"
 REGISTRATION_TOPICS = (contracts.SENSOR_TYPE_REGISTRATION, contracts.DEVICE_REGISTRATION,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from tests.integration.docker_lab import docker, free_port, image, wait_until
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 RECORDS = 100
 JOB = Path(__file__).with_name("spark_smoke_job.py")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from tests.integration.docker_lab import docker
-from tests.integration.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.docker_lab import docker
+from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 from iot_jobs.hysteresis import Limits, SensorState, advance  # noqa: E402

@@ -1,0 +1,474 @@
+"""The Kafka-to-Cassandra adapter (DESIGN.md section 4): at-least-once, bounded, never skips.
+
+A consumer group reads the mapped topics (adapter.mappings), turns each record
+into a row (adapter.schema) and writes it with prepared statements, many
+requests in flight (adapter.writer). Offsets are committed per partition only
+up to the last record whose row is written or whose dead-letter copy Kafka has
+acknowledged (common.offsets), so a crash replays, never skips; a replayed
+record overwrites its own row (the event time is part of the key).
+
+Back-pressure: at most `window` records are between consume and done. When the
+window stays full (Cassandra slow or down) the assigned partitions are paused
+and the loop keeps polling, so the consumer stays in its group however long the
+outage lasts; failed writes are retried with exponential backoff (0.25 s to
+10 s) and consumption resumes when half the window is free.
+
+Records that can never be written (invalid JSON, a contract violation, no site,
+a value Cassandra rejects with InvalidRequest) go to `dead-letter` with the
+original key, value and headers plus dlq_source, dlq_reason and dlq_time_ms.
+
+CPU per record: on a small node the adapter shares the cores with Kafka and
+Cassandra, and its main thread shares the GIL with the driver's I/O thread, so
+rows/s follow the microseconds spent per record. What depends only on the
+topic (mapping, contract, row builder) is looked up once per topic (_Route),
+and JSON skips json.loads' encoding sniffing when the value is plainly UTF-8;
+both give exactly the results of the plain code (tests/unit/adapter/test_writer.py).
+
+Latency, as in the seed thesis: each reading row stores event_time (device),
+ingest_time (bridge header `ingest_ms`), write_time (set by the adapter just
+before the write) and the two differences in milliseconds, so for one sensor-day
+
+    SELECT count(*), avg(ingest_latency_ms), avg(write_latency_ms), max(write_latency_ms)
+    FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
+
+and fleet-wide the same without WHERE (a full scan: for measurements, not
+dashboards). Run with --help for the options, --print-schema for the CQL.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.adapter.mappings import Mapping, MappingError, Router, load_mappings
+from services.adapter.schema import Row, create_keyspace_cql, create_table_cql, resolve_site, row_builder
+from services.adapter.settings import Settings, load, parser
+from services.adapter.writer import Item, Writer
+from services.common import contracts
+from services.common.observability import StopFlag, kv, serve_http, setup_logging
+from services.common.offsets import OffsetTracker
+from services.common.settings import SettingsError
+
+log = logging.getLogger("cassandra-adapter")
+
+CONSUMED = Counter("iot_adapter_consumed_total", "Records consumed", ["table"])
+WRITTEN = Counter("iot_adapter_written_total", "Rows written to Cassandra", ["table"])
+DEAD_LETTERED = Counter("iot_adapter_dead_lettered_total", "Records sent to dead-letter", ["topic"])
+SKIPPED = Counter("iot_adapter_tombstones_total", "Null-value records (compaction tombstones), nothing to write")
+RETRIED = Counter("iot_adapter_write_retries_total", "Cassandra requests that failed and were scheduled again")
+IN_FLIGHT = Gauge("iot_adapter_in_flight", "Records consumed and not yet written or dead-lettered")
+PAUSED = Gauge("iot_adapter_paused", "1 while consumption is paused (window full, Cassandra slow or down)")
+WRITE_SECONDS = Histogram("iot_adapter_write_seconds", "Latency of one Cassandra request (a row or a batch)",
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10))
+
+PAUSE_AFTER_FULL_S = 1.0    # a full window that frees up within this is normal load, not an outage
+STOP_GRACE_S = 20.0         # finish in-flight writes on SIGTERM; keep Swarm's stop_grace_period above it
+BATCH_MAX = 5000            # records taken from the consumer per loop turn (more rows per partition batch)
+
+
+class Stop(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class _Route:
+    """What a topic's records need, looked up once per topic instead of once per record."""
+    __slots__ = ("mapping", "validate", "build")
+
+    def __init__(self, mapping: Mapping | None):
+        self.mapping = mapping
+        if mapping is not None:
+            self.validate = mapping.contract.validate
+            self.build = row_builder(mapping.layout)
+
+
+_DECODE_JSON = json.JSONDecoder().decode
+
+
+def _json(value: bytes) -> Any:
+    """json.loads(value), minus its encoding sniffing for the usual case: a UTF-8 object.
+
+    json.loads on bytes picks UTF-8 whenever the first two bytes are not NUL
+    and there is no byte-order mark, and then decodes with 'surrogatepass';
+    for such values this is exactly that. Anything else takes json.loads itself."""
+    if value[:1] == b"{" and value[1:2] != b"\x00":
+        return _DECODE_JSON(value.decode("utf-8", "surrogatepass"))
+    return json.loads(value)
+
+
+def schema_statements(settings: Settings, mappings: tuple[Mapping, ...]) -> list[str]:
+    tables = {m.table: m.layout for m in mappings}
+    return [create_keyspace_cql(settings.keyspace, settings.replication)] + [
+        create_table_cql(settings.keyspace, table, lay) for table, lay in tables.items()]
+
+
+def connect_cassandra(settings: Settings, stop: Stop):
+    """A driver session, retrying until Cassandra answers (Swarm starts services in any order)."""
+    from cassandra import ConsistencyLevel, UnresolvableContactPoints
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc or None)),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
+        request_timeout=settings.write_timeout)
+    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    delay = 1.0
+    while not stop.is_set():
+        cluster = None
+        try:
+            # Reconnect within 10 s after an outage; the driver's default backs off to 10 minutes.
+            # In Swarm a service's name resolves only once its task is healthy, so even
+            # the contact points may be unresolvable for a while.
+            cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
+                              execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
+                              reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
+            return cluster.connect()
+        except (NoHostAvailable, UnresolvableContactPoints, OSError) as err:
+            if cluster is not None:
+                cluster.shutdown()
+            log.warning("cassandra not reachable, retrying", extra=kv(
+                hosts=",".join(settings.cassandra_hosts), retry_s=delay, error=str(err)[:300]))
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+    return None
+
+
+class Adapter:
+    def __init__(self, settings: Settings, mappings: tuple[Mapping, ...], stop: Stop):
+        self.settings, self.stop = settings, stop
+        self.router = Router(mappings)
+        self._routes: dict[str, _Route] = {}
+        self.tracker = OffsetTracker()
+        self.session: Any = None
+        self.writer: Writer | None = None
+        self.consumer: Any = None
+        self.producer: Any = None
+        self.paused = False
+        self.full_since: float | None = None
+        self.dlq_pending = 0
+        self._dlq_retry: list[tuple[Any, str]] = []
+        self.written = 0          # rows, for benchmarks and logs
+        self.dead_lettered = 0
+        self.heartbeat = 0.0
+        self._retries_seen = 0
+
+    # ---------------------------------------------------------------- health
+
+    def health(self) -> tuple[bool, str]:
+        if self.writer is None:
+            return False, "starting: connecting to cassandra"
+        if time.monotonic() - self.heartbeat > 60:
+            return False, "main loop stalled for more than 60 s"
+        if self.writer.failing_since is not None:
+            since = time.monotonic() - self.writer.failing_since
+            return True, f"waiting for cassandra for {since:.0f}s ({self.writer.last_error}); nothing is skipped"
+        return True, f"ok in_flight={self.writer.in_flight} paused={self.paused}"
+
+    # ---------------------------------------------------------------- setup
+
+    def start(self) -> bool:
+        from confluent_kafka import Consumer, Producer
+
+        self.session = connect_cassandra(self.settings, self.stop)
+        if self.session is None:
+            return False
+        for statement in schema_statements(self.settings, self.router.mappings):
+            self._retry_until_done("create schema", lambda s=statement: self.session.execute(s, timeout=60))
+        self.writer = Writer(self.session, self.settings.keyspace, self.router.mappings,
+                             self.settings.max_batch_rows, self.settings.write_timeout)
+        self.consumer = Consumer({
+            "bootstrap.servers": self.settings.kafka_bootstrap,
+            "group.id": self.settings.group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "queued.max.messages.kbytes": 16384,      # bound the prefetch: the container has a memory limit
+            "on_commit": self._on_commit,
+        })
+        self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap,
+                                  "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+        self.consumer.subscribe(self.router.subscription(), on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.heartbeat = time.monotonic()
+        log.info("started", extra=kv(keyspace=self.settings.keyspace, topics=",".join(self.router.subscription()),
+                                     window=self.settings.window, group=self.settings.group_id))
+        return True
+
+    def _retry_until_done(self, what: str, action) -> None:
+        delay = 1.0
+        while not self.stop.is_set():
+            try:
+                action()
+                return
+            except Exception as err:  # noqa: BLE001 - Cassandra may still be starting: keep trying
+                log.warning(f"{what} failed, retrying", extra=kv(retry_s=delay, error=str(err)[:300]))
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    # ---------------------------------------------------------------- main loop
+
+    def run(self) -> int:
+        if not self.start():
+            return 0
+        last_commit = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                self.heartbeat = time.monotonic()
+                self._tick()
+                if self.heartbeat - last_commit >= self.settings.commit_interval:
+                    self._commit(asynchronous=True)
+                    last_commit = self.heartbeat
+        finally:
+            self._shutdown()
+        return 0
+
+    def _tick(self) -> None:
+        outstanding = self.writer.in_flight + self.dlq_pending
+        room = self.settings.window - outstanding
+        self._collect(wait_s=0.05 if room <= 0 else 0.0)
+        self.producer.poll(0)
+        self._resend_dead_letters()
+        self.writer.send_due_retries()
+        IN_FLIGHT.set(self.writer.in_flight + self.dlq_pending)
+        room = self.settings.window - self.writer.in_flight - self.dlq_pending
+        now = time.monotonic()
+        if room <= 0:
+            self.full_since = self.full_since or now
+            if not self.paused and now - self.full_since >= PAUSE_AFTER_FULL_S:
+                self._pause(True)
+            if not self.paused:
+                return      # full for a moment: wait for writes instead of taking more
+        else:
+            self.full_since = None
+            if self.paused and room >= self.settings.window // 2:
+                self._pause(False)
+        if self.paused:
+            # Polling while paused returns nothing but keeps us in the group (max.poll.interval.ms).
+            self._accept(self.consumer.consume(1, 0.05))
+            return
+        first = self.consumer.poll(0.05 if outstanding == 0 else 0.0)
+        if first is None:
+            return
+        self._accept([first] + self.consumer.consume(min(room, BATCH_MAX) - 1, 0) if room > 1 else [first])
+
+    def _pause(self, pause: bool) -> None:
+        assignment = self.consumer.assignment()
+        if pause:
+            self.consumer.pause(assignment)
+            log.warning("window full, consumption paused", extra=kv(
+                in_flight=self.writer.in_flight, retrying=self.writer.retries_waiting, error=self.writer.last_error))
+        else:
+            self.consumer.resume(assignment)
+            log.info("consumption resumed", extra=kv(in_flight=self.writer.in_flight))
+        self.paused = pause
+        PAUSED.set(1 if pause else 0)
+
+    # ---------------------------------------------------------------- records in
+
+    def _accept(self, msgs: list) -> None:
+        items: list[Item] = []
+        consumed: dict[str, int] = {}
+        track = self.tracker.consumed
+        routes = self._routes
+        for msg in msgs:
+            if msg.error():
+                log.warning("consumer error", extra=kv(error=msg.error()))
+                continue
+            topic = msg.topic()
+            tp, offset = (topic, msg.partition()), msg.offset()
+            track(tp, offset)
+            route = routes.get(topic) or self._route(topic)
+            mapping = route.mapping
+            if mapping is None:
+                self._dead_letter(msg, f"no table mapping for topic {topic} (add it to ADAPTER_MAPPINGS_FILE)")
+                continue
+            consumed[mapping.table] = consumed.get(mapping.table, 0) + 1
+            if msg.value() is None:
+                SKIPPED.inc()         # a deletion marker on a compacted topic: no row to write
+                self.tracker.finished(tp, offset)
+                continue
+            try:
+                items.append(Item(msg, tp, offset, mapping, self._row(msg, route, topic)))
+            except json.JSONDecodeError as err:
+                self._dead_letter(msg, f"invalid JSON for {mapping.contract.name}: {err}")
+            except (ValueError, TypeError) as err:   # ContractError and RowError are ValueErrors
+                self._dead_letter(msg, str(err))
+        for table, n in consumed.items():
+            CONSUMED.labels(table).inc(n)
+        if items:
+            for item, reason in self.writer.send(items):
+                self._dead_letter(item.msg, reason)
+
+    def _route(self, topic: str) -> _Route:
+        route = self._routes[topic] = _Route(self.router.route(topic))
+        return route
+
+    def _row(self, msg: Any, route: _Route, topic: str) -> Row:
+        record = route.validate(_json(msg.value()))
+        header_site = ingest_ms = None
+        for key, value in msg.headers() or ():
+            if key == contracts.HEADER_SITE and value:
+                header_site = value.decode("utf-8", "replace")
+            elif key == contracts.HEADER_INGEST_MS and value:
+                try:
+                    ingest_ms = int(value)
+                except ValueError:
+                    ingest_ms = None     # a broken latency header must not cost the reading
+        site = resolve_site(record, header_site, topic, self.settings.default_site or None)
+        return route.build(record, site, ingest_ms)
+
+    # ---------------------------------------------------------------- outcomes
+
+    def _collect(self, wait_s: float) -> None:
+        written, rejected, latencies = self.writer.collect(wait_s)
+        for item in written:
+            self.tracker.finished(item.tp, item.offset)
+        if written:
+            self.written += len(written)
+            counts: dict[str, int] = {}
+            for item in written:
+                counts[item.mapping.table] = counts.get(item.mapping.table, 0) + 1
+            for table, n in counts.items():
+                WRITTEN.labels(table).inc(n)
+        for seconds in latencies:
+            WRITE_SECONDS.observe(seconds)
+        for item, reason in rejected:
+            self._dead_letter(item.msg, reason)
+        if self.writer.retries_total > self._retries_seen:
+            RETRIED.inc(self.writer.retries_total - self._retries_seen)
+            self._retries_seen = self.writer.retries_total
+
+    def _dead_letter(self, msg: Any, reason: str) -> None:
+        headers = list(msg.headers() or []) + [
+            (contracts.HEADER_DLQ_SOURCE, msg.topic()),
+            (contracts.HEADER_DLQ_REASON, reason),
+            (contracts.HEADER_DLQ_TIME_MS, str(int(time.time() * 1000))),
+            ("dlq_offset", f"{msg.partition()}:{msg.offset()}"),
+        ]
+        log.warning("dead-letter", extra=kv(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                                            reason=reason[:300]))
+        self.dlq_pending += 1
+        self._produce_dead_letter(msg, headers)
+
+    def _produce_dead_letter(self, msg: Any, headers: list) -> None:
+        def delivered(err, _record, msg=msg, headers=headers) -> None:
+            if err is not None:
+                log.warning("dead-letter delivery failed, retrying", extra=kv(error=err))
+                self._dlq_retry.append((msg, headers))
+                return
+            self.dlq_pending -= 1
+            self.dead_lettered += 1
+            DEAD_LETTERED.labels(msg.topic()).inc()
+            self.tracker.finished((msg.topic(), msg.partition()), msg.offset())
+        try:
+            self.producer.produce(self.settings.dead_letter_topic, key=msg.key(), value=msg.value(),
+                                  headers=headers, on_delivery=delivered)
+        except BufferError:
+            self._dlq_retry.append((msg, headers))
+
+    def _resend_dead_letters(self) -> None:
+        retry, self._dlq_retry = self._dlq_retry, []
+        for msg, headers in retry:
+            self._produce_dead_letter(msg, headers)
+
+    # ---------------------------------------------------------------- offsets
+
+    def _commit(self, asynchronous: bool) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        commits = self.tracker.take_commits()
+        if not commits:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in commits.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as err:
+            log.warning("commit failed, will retry", extra=kv(error=err))
+            for (t, p), o in commits.items():
+                self.tracker.recommit((t, p), o)
+
+    def _on_commit(self, err, partitions) -> None:
+        if err is not None:
+            log.warning("commit failed, will retry", extra=kv(error=err))
+            for tp in partitions:
+                self.tracker.recommit((tp.topic, tp.partition), tp.offset)
+
+    def _on_assign(self, consumer, partitions) -> None:
+        log.info("partitions assigned", extra=kv(partitions=_names(partitions)))
+        if self.paused:     # assign first (the client then skips its own assign), so pause applies
+            consumer.assign(partitions)
+            consumer.pause(partitions)
+
+    def _on_revoke(self, _consumer, partitions) -> None:
+        """Finish (briefly) what is in flight for the partitions we lose, commit, forget them."""
+        tps = [(p.topic, p.partition) for p in partitions]
+        deadline = time.monotonic() + 10
+        while any(self.tracker.outstanding(tp) for tp in tps) and time.monotonic() < deadline:
+            self._collect(wait_s=0.05)
+            self.producer.poll(0)
+            self.writer.send_due_retries()
+        self._commit(asynchronous=False)
+        for tp in tps:
+            self.tracker.drop(tp)
+        log.info("partitions revoked", extra=kv(partitions=_names(partitions)))
+
+    def _on_lost(self, _consumer, partitions) -> None:
+        for p in partitions:
+            self.tracker.drop((p.topic, p.partition))
+        log.warning("partitions lost (another member owns them now)", extra=kv(partitions=_names(partitions)))
+
+    # ---------------------------------------------------------------- stop
+
+    def _shutdown(self) -> None:
+        if self.consumer is None:
+            if self.session is not None:
+                self.session.cluster.shutdown()
+            return
+        try:
+            self.consumer.pause(self.consumer.assignment())
+            deadline = time.monotonic() + STOP_GRACE_S
+            while self.writer.in_flight + self.dlq_pending > 0 and time.monotonic() < deadline:
+                self._collect(wait_s=0.05)
+                self.producer.poll(0)
+                self._resend_dead_letters()
+                self.writer.send_due_retries()
+            self._commit(asynchronous=False)
+            self.producer.flush(5)
+            log.info("stopped", extra=kv(written=self.written, dead_lettered=self.dead_lettered,
+                                         unfinished=self.writer.in_flight + self.dlq_pending))
+        finally:
+            self.consumer.close()
+            self.session.cluster.shutdown()
+            # Destroy the producer now rather than whenever this object is collected
+            # (an embedding process, e.g. a benchmark, may outlive its Kafka).
+            self.producer = None
+
+
+def _names(partitions) -> str:
+    return ",".join(f"{p.topic}[{p.partition}]" for p in partitions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)     # a bad flag: usage on stderr, exit 2
+    try:
+        settings = load(args)
+        mappings = load_mappings(settings.mappings_file or None)
+    except (SettingsError, MappingError) as err:
+        print(f"iot-cassandra-adapter: {err}", file=sys.stderr)
+        return 2
+    if args.print_schema:
+        print(";\n".join(schema_statements(settings, mappings)) + ";")
+        return 0
+    setup_logging("cassandra-adapter", settings.log_level)
+    adapter = Adapter(settings, mappings, StopFlag())
+    if settings.metrics_port:
+        serve_http(settings.metrics_port, adapter.health)
+    return adapter.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

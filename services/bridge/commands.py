@@ -1,0 +1,129 @@
+"""Reverse path of the bridge: Kafka `device-commands` -> MQTT `sites/<site>/devices/<id>/commands`.
+
+Each record is published at QoS 1; its offset is committed only once the broker
+PUBACKed it (or, for an invalid command, once its dead-letter record is in Kafka),
+and only as part of a gap-free prefix per partition, so a crash re-forwards rather
+than skips. Runs on the bridge's single loop thread (the MQTT client's on_puback included).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from services.bridge import metrics
+from services.bridge.routing import CONTRACT_VIOLATION, INVALID_JSON, OutRecord, dead_letter
+from services.common import contracts
+from services.common.contracts import ContractError
+from services.common.observability import kv
+from services.mqtt.codec import reason_name
+
+log = logging.getLogger("bridge.commands")
+_TOPIC_CHARS = ("/", "+", "#")
+
+
+def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> str:
+    """MQTT topic for one `device-commands` record; raises ContractError (or ValueError for bad JSON)."""
+    record = contracts.DEVICE_COMMAND.validate(json.loads(value))
+    device_id, site = record["device_id"], record["site"] or default_site
+    if key is not None and key.decode(errors="replace") != device_id:
+        raise ContractError(f"device-command: key '{key.decode(errors='replace')}' differs from "
+                            f"device_id '{device_id}' (key the record by device_id)")
+    if not site:
+        raise ContractError("device-command: no site in the record and BRIDGE_SITE is unset (set either)")
+    for name, text in (("device_id", device_id), ("site", site)):
+        if any(c in text for c in _TOPIC_CHARS):
+            raise ContractError(f"device-command: {name} '{text}' must not contain '/', '+' or '#'")
+    return f"sites/{site}/devices/{device_id}/commands"
+
+
+class _Partition:
+    """Offsets of one partition in consumption order, each done once forwarded (or dead-lettered)."""
+
+    def __init__(self) -> None:
+        self.offsets: deque[list] = deque()       # [offset, done]
+
+    def commit_point(self) -> int | None:
+        last = None
+        while self.offsets and self.offsets[0][1]:
+            last = self.offsets.popleft()[0]
+        return None if last is None else last + 1
+
+
+class CommandForwarder:
+    def __init__(self, bootstrap: str, topic: str, group: str, client_id: str, dlq_topic: str,
+                 default_site: str | None, dead_letter_sink: Callable[[OutRecord, Callable[[], None]], None],
+                 max_in_flight: int = 100):
+        self.topic, self.dlq_topic, self.default_site = topic, dlq_topic, default_site
+        self.dead_letter_sink = dead_letter_sink
+        self.max_in_flight = max_in_flight
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group, "client.id": f"{client_id}-commands",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        })
+        self.consumer.subscribe([topic], on_revoke=self._revoked)
+        self.partitions: dict[int, _Partition] = {}
+        self.by_mid: dict[int, list] = {}         # MQTT packet id -> [partition, offset-cell]
+        self.in_flight = 0
+
+    def pump(self, client) -> None:
+        """Forward what the consumer has, within the in-flight bound. Call only while MQTT is connected."""
+        room = self.max_in_flight - self.in_flight
+        if room <= 0:
+            return
+        for msg in self.consumer.consume(num_messages=min(room, 100), timeout=0):
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("command consumer error", extra=kv(error=str(msg.error())))
+                continue
+            self._forward(client, msg)
+
+    def _forward(self, client, msg: Message) -> None:
+        cell = [msg.offset(), False]
+        self.partitions.setdefault(msg.partition(), _Partition()).offsets.append(cell)
+        self.in_flight += 1
+        value = msg.value() or b""
+        try:
+            topic = command_topic(value, msg.key(), self.default_site)
+        except (ValueError, RecursionError) as err:
+            reason = CONTRACT_VIOLATION if isinstance(err, ContractError) else INVALID_JSON
+            record = dead_letter(self.dlq_topic, self.topic, msg.key(), value, reason, str(err),
+                                 int(time.time() * 1000), list(msg.headers() or ()))
+            log.warning("command dead-lettered", extra=kv(reason=reason, detail=err, offset=msg.offset()))
+            metrics.COMMANDS_DEAD_LETTERED.inc()
+            self.dead_letter_sink(record, lambda: self._done(msg.partition(), cell))
+            return
+        mid = client.publish(topic, value, qos=1)
+        self.by_mid[mid] = [msg.partition(), cell]
+
+    def on_publish(self, mid: int, reason_code: int) -> None:
+        """The broker's PUBACK of a forwarded command (MqttSession.on_puback)."""
+        entry = self.by_mid.pop(mid, None)
+        if entry is None:
+            return
+        if reason_code >= 0x80:          # e.g. not authorised by the ACL: still the broker's final answer
+            log.warning("command refused by broker", extra=kv(reason=reason_name(reason_code), offset=entry[1][0]))
+        else:
+            metrics.COMMANDS.inc()
+        self._done(*entry)
+
+    def _done(self, partition: int, cell: list) -> None:
+        cell[1] = True
+        self.in_flight -= 1
+        state = self.partitions.get(partition)
+        point = state.commit_point() if state else None
+        if point is not None:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, partition, point)], asynchronous=True)
+
+    def _revoked(self, _consumer, partitions) -> None:
+        # Uncommitted commands of a revoked partition are forwarded again by its next owner.
+        for tp in partitions:
+            self.partitions.pop(tp.partition, None)
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -1,0 +1,209 @@
+"""Pure logic of the bridge: MQTT message -> Kafka record, dead-letter records, the ack window.
+
+No network here, so all of it is unit-tested without brokers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii
+from math import isfinite
+from typing import Any
+
+from services.bridge.rules import Mapping
+from services.common import contracts
+from services.common.contracts import ContractError
+
+# Dead-letter reasons: the metric label and the first word of the dlq_reason header.
+OVERSIZED = "oversized"
+INVALID_JSON = "invalid_json"
+CONTRACT_VIOLATION = "contract_violation"
+UNMAPPED = "unmapped"
+KAFKA_REJECTED = "kafka_rejected"
+UNPROCESSABLE = "unprocessable"
+REASONS = (OVERSIZED, INVALID_JSON, CONTRACT_VIOLATION, UNMAPPED, KAFKA_REJECTED, UNPROCESSABLE)
+
+# Headers the bridge owns: a device's user property of the same name is dropped, not trusted.
+RESERVED_HEADERS = frozenset({contracts.HEADER_SITE, contracts.HEADER_INGEST_MS, contracts.HEADER_MQTT_TOPIC,
+                              contracts.HEADER_DLQ_SOURCE, contracts.HEADER_DLQ_REASON, contracts.HEADER_DLQ_TIME_MS})
+
+# Kafka's default max.message.bytes is ~1 MB and Mosquitto's max_packet_size 1 MiB: a dead-letter
+# value above this is cut so that the dead-letter record itself can always be written.
+DLQ_VALUE_LIMIT = 900_000
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(slots=True)
+class OutRecord:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+    reason: str | None = None          # set on dead-letter records
+
+
+def base_headers(mqtt_topic: str, user_properties: list[tuple[str, str]] | None, site: str | None,
+                 ingest_ms: int) -> Headers:
+    """MQTT v5 user properties as headers, then the bridge's own (which a device cannot spoof)."""
+    headers: Headers = [(k, v.encode()) for k, v in (user_properties or ()) if k not in RESERVED_HEADERS]
+    headers.append((contracts.HEADER_MQTT_TOPIC, mqtt_topic.encode()))
+    if site:
+        headers.append((contracts.HEADER_SITE, site.encode()))
+    headers.append((contracts.HEADER_INGEST_MS, str(ingest_ms).encode()))
+    return headers
+
+
+def dead_letter(dlq_topic: str, source: str, key: str | bytes | None, value: bytes, reason: str, detail: str,
+                now_ms: int, headers: Headers | None = None) -> OutRecord:
+    """The dead-letter record: original key (else the source topic), original bytes, headers naming why."""
+    if len(value) > DLQ_VALUE_LIMIT:
+        detail = f"{detail} (value cut to its first {DLQ_VALUE_LIMIT} of {len(value)} bytes)"
+        value = value[:DLQ_VALUE_LIMIT]
+    raw_key = key if key is not None else source
+    out = [h for h in (headers or ()) if h[0] not in (contracts.HEADER_DLQ_SOURCE, contracts.HEADER_DLQ_REASON,
+                                                       contracts.HEADER_DLQ_TIME_MS)]
+    out += [(contracts.HEADER_DLQ_SOURCE, source.encode()),
+            (contracts.HEADER_DLQ_REASON, f"{reason}: {detail}".encode()),
+            (contracts.HEADER_DLQ_TIME_MS, str(now_ms).encode())]
+    return OutRecord(dlq_topic, raw_key if isinstance(raw_key, bytes) else raw_key.encode(), value, out, reason)
+
+
+def known_key(mapping: Mapping, topic: str) -> str | None:
+    """The Kafka key the topic implies even when the payload is bad (e.g. the sensor id)."""
+    for rule in mapping.rules:
+        segments = rule.match(topic)
+        if segments is not None:
+            return rule.key.format(**segments)
+    return None
+
+
+_DEFAULT_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODE = _DEFAULT_ENCODER.encode
+_KIND_TYPES = {"string": str, "long": int, "double": float, "boolean": bool}
+# The C encoder behind _ENCODE, built once (JSONEncoder.encode builds it per call). No circular-reference
+# markers: a validated record is a flat dict of scalars. Same bytes as _ENCODE.
+_ENCODE_FLAT = c_make_encoder(None, _DEFAULT_ENCODER.default, encode_basestring_ascii, None, ":", ",", False,
+                              False, True) if c_make_encoder else None
+_DECODE = json.JSONDecoder().decode
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    return "".join(_ENCODE_FLAT(value, 0)).encode() if _ENCODE_FLAT else _ENCODE(value).encode()
+
+
+def _loads(payload: bytes) -> Any:
+    """json.loads(payload), without its encoding detection for the usual UTF-8 payload.
+
+    Anything the fast path cannot take (not UTF-8, a BOM, UTF-16/32, invalid JSON) goes to
+    json.loads itself, so results and errors are exactly json.loads's.
+    """
+    try:
+        return _DECODE(payload.decode())
+    except (ValueError, RecursionError):
+        return json.loads(payload)
+_TOPIC_CACHE = 10000      # devices publish to a fixed set of topics: remember what each one implies
+
+
+class _TopicPlan:
+    """Everything one MQTT topic implies, worked out once: its rule (the first that matches, as in
+    Mapping.apply), the segments that fill payload fields, the Kafka topic and key, the site and the
+    bridge's own headers for it."""
+    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers")
+
+    def __init__(self, mapping: Mapping, topic: str, default_site: str | None):
+        rule, segments = None, {}
+        for candidate in mapping.rules:
+            found = candidate.match(topic)
+            if found is not None:
+                rule, segments = candidate, found
+                break
+        self.rule = rule
+        site = segments.get("site") or default_site
+        self.headers = tuple(base_headers(topic, None, site, 0)[:-1])     # all but the per-message ingest time
+        if rule is None:
+            self.contract, self.fills, self.fields, self.kafka_topic, self.key = None, (), (), None, None
+            return
+        self.contract = contracts.contract(rule.contract)
+        names = self.contract.field_names()
+        self.fills = tuple((name, value) for name, value in segments.items() if name in names)
+        self.fields = tuple((f.name, _KIND_TYPES[f.kind], f.required, f.choices) for f in self.contract.fields)
+        self.kafka_topic = rule.kafka_topic
+        self.key = rule.key.format(**segments).encode()
+
+    def apply(self, data: Any) -> dict[str, Any]:
+        """Mapping.apply for this topic's rule (same result, same errors) without matching again."""
+        if type(data) is not dict:
+            return self.contract.validate(data)          # raises: not a JSON object
+        for name, value in self.fills:
+            current = data.get(name)
+            if current is not None and current != value and str(current) != value:
+                raise ContractError(f"{self.contract.name}: field '{name}' is '{current}' but the topic says "
+                                    f"'{value}'")
+            data[name] = value
+        # Fast path for values already of their contract type; anything else takes Contract.validate,
+        # which coerces (e.g. 20 -> 20.0) or raises exactly as before.
+        clean: dict[str, Any] = {}
+        get = data.get
+        for name, want, required, choices in self.fields:
+            value = get(name)
+            if type(value) is want:
+                if want is float:
+                    if not isfinite(value):
+                        return self.contract.validate(data)
+                elif want is str and (not value or (choices and value not in choices)):
+                    return self.contract.validate(data)
+                clean[name] = value
+            elif value is None and not required:
+                clean[name] = None
+            else:
+                return self.contract.validate(data)
+        return clean
+
+
+@dataclass(frozen=True)
+class Router:
+    """Turns one MQTT message into the record to produce: the mapped record or a dead-letter one."""
+    mapping: Mapping
+    dlq_topic: str
+    max_payload: int
+    site: str | None = None
+    _topics: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def route(self, topic: str, payload: bytes, user_properties: list[tuple[str, str]] | None,
+              now_ms: int) -> OutRecord:
+        plan = self._topics.get(topic) or self._plan(topic)
+        ingest = (contracts.HEADER_INGEST_MS, str(now_ms).encode())
+        if user_properties:
+            headers = [(k, v.encode()) for k, v in user_properties if k not in RESERVED_HEADERS]
+            headers += plan.headers
+            headers.append(ingest)
+        else:
+            headers = [*plan.headers, ingest]
+        if len(payload) > self.max_payload:
+            return self._dlq(plan, topic, payload, headers, now_ms, OVERSIZED,
+                             f"payload of {len(payload)} bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES="
+                             f"{self.max_payload} (send smaller messages or raise the limit)")
+        try:
+            data = _loads(payload)
+        except (ValueError, RecursionError) as err:   # UnicodeDecodeError is a ValueError
+            return self._dlq(plan, topic, payload, headers, now_ms, INVALID_JSON, f"payload is not JSON: {err}")
+        if plan.rule is None:
+            return self._dlq(plan, topic, payload, headers, now_ms, UNMAPPED,
+                             f"no mapping rule matches MQTT topic '{topic}' (add a [[rule]] to the mapping file)")
+        try:
+            value = plan.apply(data)
+        except ContractError as err:
+            return self._dlq(plan, topic, payload, headers, now_ms, CONTRACT_VIOLATION, str(err))
+        return OutRecord(plan.kafka_topic, plan.key, _encode(value), headers)
+
+    def _dlq(self, plan: _TopicPlan, topic: str, payload: bytes, headers: Headers, now_ms: int, reason: str,
+             detail: str) -> OutRecord:
+        return dead_letter(self.dlq_topic, topic, plan.key, payload, reason, detail, now_ms, headers)
+
+    def _plan(self, topic: str) -> _TopicPlan:
+        plan = _TopicPlan(self.mapping, topic, self.site)
+        if len(self._topics) >= _TOPIC_CACHE:
+            self._topics.clear()
+        self._topics[topic] = plan
+        return plan

@@ -1,0 +1,140 @@
+"""Register devices, sensors and sensor types into their compacted Kafka topics.
+
+Two sources:
+  file   a JSON or TOML file with lists `sensor_types`, `devices`, `sensors`
+         (fields as in services/common/contracts.py); every record is validated first,
+         and nothing is produced if any record is wrong.
+  fleet  the simulator's fleet for a site (same ids as iot-simulator).
+
+Keys are the ids, so the compacted topics keep the latest registration of each.
+
+Examples:
+  iot-registrar --bootstrap-servers kafka-1:9092 file registry.toml
+  iot-registrar --bootstrap-servers 127.0.0.1:9094 fleet --site site-a --devices 5 --sensors-per-device 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from services.common import contracts
+from services.tools import fleet
+
+# File section -> (topic, contract)
+SECTIONS = {
+    "sensor_types": (contracts.SENSOR_TYPE_REGISTRATION, contracts.SENSOR_TYPE),
+    "devices": (contracts.DEVICE_REGISTRATION, contracts.DEVICE),
+    "sensors": (contracts.SENSOR_REGISTRATION, contracts.SENSOR),
+}
+
+
+class RegistryError(ValueError):
+    """The registry input is wrong; the message says where and how."""
+
+
+def load_file(path: Path) -> dict[str, list[dict]]:
+    """Read and validate a registry file; returns records by topic."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RegistryError(f"registry file {path} not found") from None
+    try:
+        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise RegistryError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {err}") from None
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        raise RegistryError(f"{path}: unknown sections {sorted(unknown)} (expected {', '.join(SECTIONS)})")
+    records: dict[str, list[dict]] = {}
+    errors = []
+    for section, (topic, contract) in SECTIONS.items():
+        for i, item in enumerate(raw.get(section, []), start=1):
+            try:
+                records.setdefault(topic, []).append(contract.validate(item))
+            except contracts.ContractError as err:
+                errors.append(f"{path}: {section}[{i}]: {err}")
+    errors += _dangling_references(records, path)
+    if errors:
+        raise RegistryError("\n".join(errors))
+    if not records:
+        raise RegistryError(f"{path}: nothing to register (add sensor_types, devices or sensors)")
+    return records
+
+
+def _dangling_references(records: dict[str, list[dict]], path: Path) -> list[str]:
+    """Sensors must name devices and sensor types registered in the same file."""
+    devices = {r["device_id"] for r in records.get(contracts.DEVICE_REGISTRATION, [])}
+    types = {r["sensor_type_id"] for r in records.get(contracts.SENSOR_TYPE_REGISTRATION, [])}
+    errors = []
+    for sensor in records.get(contracts.SENSOR_REGISTRATION, []):
+        if devices and sensor["device_id"] not in devices:
+            errors.append(f"{path}: sensor {sensor['sensor_id']} names unknown device '{sensor['device_id']}'")
+        if types and sensor["sensor_type_id"] not in types:
+            errors.append(f"{path}: sensor {sensor['sensor_id']} names unknown sensor type "
+                          f"'{sensor['sensor_type_id']}'")
+    return errors
+
+
+def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.0) -> int:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    failures: list[str] = []
+    count = 0
+    for topic, items in records.items():
+        contract = next(c for t, c in SECTIONS.values() if t == topic)
+        for record in items:
+            producer.produce(topic, key=contract.key(record), value=json.dumps(record),
+                             on_delivery=lambda err, msg: err and failures.append(f"{msg.topic()}: {err}"))
+            count += 1
+            producer.poll(0)
+    left = producer.flush(timeout)
+    if left or failures:
+        raise RegistryError(f"{left} registrations not delivered within {timeout:.0f}s; "
+                            f"errors: {failures[:3]} (is {bootstrap} reachable and do the topics exist?)")
+    return count
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="iot-registrar", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers, e.g. kafka-1:9092")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the records, produce nothing")
+    sub = p.add_subparsers(dest="source", required=True)
+    file_p = sub.add_parser("file", help="register what a JSON or TOML file lists")
+    file_p.add_argument("path", type=Path)
+    fleet_p = sub.add_parser("fleet", help="register the simulator's fleet of a site")
+    fleet_p.add_argument("--site", required=True)
+    fleet_p.add_argument("--devices", type=int, default=5)
+    fleet_p.add_argument("--sensors-per-device", type=int, default=2)
+    fleet_p.add_argument("--unit", choices=contracts.UNITS, default="C")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.source == "file":
+            records = load_file(args.path)
+        else:
+            sensors = fleet.build_fleet(args.site, args.devices, args.sensors_per_device)
+            records = fleet.registrations(sensors, args.unit)
+        if args.dry_run:
+            for topic, items in records.items():
+                for record in items:
+                    print(topic, json.dumps(record))
+            return 0
+        count = produce(args.bootstrap_servers, records)
+    except (RegistryError, ValueError) as err:
+        print(f"iot-registrar: {err}", file=sys.stderr)
+        return 1
+    summary = ", ".join(f"{len(v)} {k}" for k, v in records.items())
+    print(f"registered {count} records: {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Bridge logic without brokers: routing, dead-letter records, headers, the ack window, commands, settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.bridge import settings as bridge_settings
+from services.bridge.commands import _Partition, command_topic
+from services.bridge.routing import DLQ_VALUE_LIMIT, OutRecord, Router, base_headers, dead_letter
+from services.bridge.rules import DEFAULT_RULES, Mapping
+from services.bridge.window import Window
+from services.common import contracts
+from services.common.contracts import ContractError
+from services.common.settings import SettingsError
+
+TOPIC = "sites/site-a/sensors/7/temperature"
+GOOD = json.dumps({"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"}).encode()
+
+
+@pytest.fixture
+def router():
+    return Router(Mapping.from_dicts(DEFAULT_RULES), "dead-letter", max_payload=1024, site="fallback")
+
+
+def _headers(record: OutRecord) -> dict[str, bytes]:
+    return dict(record.headers)
+
+
+def test_valid_reading_is_keyed_by_sensor_and_carries_site_ingest_and_user_properties(router):
+    record = router.route(TOPIC, GOOD, [("firmware", "1.2")], now_ms=123)
+    assert (record.topic, record.key, record.reason) == ("temperature-data", b"7", None)
+    assert json.loads(record.value) == {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.5,
+                                        "unit": "C"}
+    assert _headers(record) == {"firmware": b"1.2", contracts.HEADER_MQTT_TOPIC: TOPIC.encode(),
+                                contracts.HEADER_SITE: b"site-a", contracts.HEADER_INGEST_MS: b"123"}
+
+
+def test_device_cannot_spoof_the_bridges_own_headers():
+    headers = base_headers(TOPIC, [("site", "evil"), ("ingest_ms", "0"), ("ok", "1")], "site-a", 5)
+    assert headers == [("ok", b"1"), ("mqtt_topic", TOPIC.encode()), ("site", b"site-a"), ("ingest_ms", b"5")]
+
+
+def test_site_header_falls_back_to_configured_site_without_a_site_segment():
+    mapping = Mapping.from_dicts([{"mqtt": "plant/{sensor_id}/t", "kafka_topic": "temperature-data",
+                                   "key": "{sensor_id}", "contract": "temperature-reading"}])
+    record = Router(mapping, "dead-letter", 1024, site="site-b").route("plant/9/t", GOOD, None, 1)
+    assert _headers(record)[contracts.HEADER_SITE] == b"site-b"
+
+
+@pytest.mark.parametrize(("topic", "payload", "reason", "key"), [
+    (TOPIC, b"{nope", "invalid_json", b"7"),
+    (TOPIC, b"\xff\xfe\x00garbage", "invalid_json", b"7"),
+    (TOPIC, json.dumps({"timestamp": 1, "temperature": 20, "unit": "X"}).encode(), "contract_violation", b"7"),
+    (TOPIC, json.dumps({"timestamp": 1, "temperature": "hot", "unit": "C"}).encode(), "contract_violation", b"7"),
+    (TOPIC, json.dumps({"temperature": 20, "unit": "C"}).encode(), "contract_violation", b"7"),
+    (TOPIC, b" " * 1025, "oversized", b"7"),
+    ("sites/site-a/sensors//temperature", GOOD, "unmapped", b"sites/site-a/sensors//temperature"),
+])
+def test_bad_input_becomes_a_dead_letter_record_with_original_bytes_key_and_reason(router, topic, payload, reason,
+                                                                                     key):
+    record = router.route(topic, payload, None, now_ms=42)
+    headers = _headers(record)
+    assert (record.topic, record.key, record.value, record.reason) == ("dead-letter", key, payload, reason)
+    assert headers[contracts.HEADER_DLQ_SOURCE] == topic.encode()
+    assert headers[contracts.HEADER_DLQ_REASON].decode().startswith(f"{reason}: ")
+    assert headers[contracts.HEADER_DLQ_TIME_MS] == b"42"
+
+
+def test_deeply_nested_json_is_dead_lettered_not_a_crash():
+    router = Router(Mapping.from_dicts(DEFAULT_RULES), "dead-letter", max_payload=1_000_000)
+    assert router.route(TOPIC, b"[" * 200_000 + b"]" * 200_000, None, 1).reason == "invalid_json"
+
+
+def test_oversized_reason_names_the_limit_and_the_fix(router):
+    reason = _headers(router.route(TOPIC, b"x" * 2000, None, 1))[contracts.HEADER_DLQ_REASON].decode()
+    assert "2000 bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES=1024" in reason
+
+
+def test_dead_letter_value_is_cut_so_kafka_can_always_take_it():
+    record = dead_letter("dead-letter", "t", None, b"x" * (DLQ_VALUE_LIMIT + 10), "oversized", "too big", 1)
+    assert len(record.value) == DLQ_VALUE_LIMIT
+    assert record.key == b"t"
+    assert "cut to its first" in _headers(record)[contracts.HEADER_DLQ_REASON].decode()
+
+
+def _entry(window: Window, mid: int, qos: int = 1):
+    return window.add(mid, qos, 0.0, OutRecord("t", b"k", b"v", []))
+
+
+def test_window_acks_only_the_delivered_prefix_in_arrival_order():
+    window = Window(size=3)
+    a, b, c = (_entry(window, mid) for mid in (10, 11, 12))
+    assert window.room() == 0
+    window.delivered(b.seq)
+    window.delivered(c.seq)
+    assert window.pop_ackable() == []          # 10 is not in Kafka yet: nothing may be acked
+    window.delivered(a.seq)
+    assert [e.mid for e in window.pop_ackable()] == [10, 11, 12]
+    assert window.room() == 3 and len(window) == 0
+
+
+def test_window_reset_forgets_unacked_messages_so_late_deliveries_ack_nothing():
+    window = Window(size=10)
+    old = _entry(window, 5)
+    assert window.reset() == 1
+    fresh = _entry(window, 5)                  # the broker may reuse packet id 5 on the new connection
+    assert window.delivered(old.seq) is None   # the old delivery must not ack the new message
+    assert window.pop_ackable() == []
+    window.delivered(fresh.seq)
+    assert [e.seq for e in window.pop_ackable()] == [fresh.seq]
+
+
+def test_command_topic_uses_record_site_else_configured_site():
+    value = json.dumps({"device_id": "d1", "command": "reboot"}).encode()
+    assert command_topic(value, b"d1", "site-a") == "sites/site-a/devices/d1/commands"
+    with_site = json.dumps({"device_id": "d1", "command": "reboot", "site": "site-b"}).encode()
+    assert command_topic(with_site, None, "site-a") == "sites/site-b/devices/d1/commands"
+
+
+@pytest.mark.parametrize(("value", "key", "site", "match"), [
+    ({"device_id": "d1", "command": "x"}, b"d1", None, "BRIDGE_SITE is unset"),
+    ({"device_id": "d1", "command": "x"}, b"d2", "s", "differs from device_id"),
+    ({"device_id": "d/1", "command": "x"}, None, "s", "must not contain"),
+    ({"device_id": "d1"}, None, "s", "missing field 'command'"),
+])
+def test_invalid_command_is_a_contract_error_naming_the_problem(value, key, site, match):
+    with pytest.raises(ContractError, match=match):
+        command_topic(json.dumps(value).encode(), key, site)
+
+
+def test_command_offsets_commit_only_a_gap_free_prefix():
+    part = _Partition()
+    cells = [[offset, False] for offset in (3, 4, 5)]
+    part.offsets.extend(cells)
+    cells[1][1] = True
+    assert part.commit_point() is None
+    cells[0][1] = True
+    assert part.commit_point() == 5            # 3 and 4 done: next to read is 5
+
+
+def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("MQTT_PASSWORD_FILE", str(secret))
+    monkeypatch.setenv("BRIDGE_WINDOW", "2000")
+    monkeypatch.setenv("BRIDGE_CLIENT_ID", "bridge-3")
+    monkeypatch.setenv("BRIDGE_COMMANDS_TOPIC", "none")
+    s = bridge_settings.from_args([])
+    assert (s.window, s.client_id, s.mqtt_password, s.commands_topic) == (2000, "bridge-3", "s3cret", None)
+    assert bridge_settings.from_args(["--window", "10"]).window == 10
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"BRIDGE_WINDOW": "lots"}, "BRIDGE_WINDOW='lots' is not a valid int"),
+    ({"BRIDGE_WINDOW": "70000"}, "out of range"),
+    ({"BRIDGE_SHARE_GROUP": "a/b"}, "must not contain"),
+])
+def test_bad_setting_names_the_variable(monkeypatch, env, match):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match=match):
+        bridge_settings.from_args([])
+
+
+def test_unknown_flag_prints_usage_and_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bridge_settings.from_args(["--no-such-flag"])
+    assert exc.value.code == 2
+    assert "usage: iot-bridge" in capsys.readouterr().err
+
+
+def test_help_names_the_environment_variable_of_every_option():
+    text = bridge_settings.build_parser().format_help()
+    for action in bridge_settings.build_parser()._actions:
+        if action.dest != "help":
+            assert action.help and "(env BRIDGE_" in action.help, action.dest
+    assert "mqtt_password" in text
+
+
+@pytest.mark.parametrize("payload", [
+    {"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"},
+    {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.5, "unit": "C", "extra": [1, 2]},
+    {"sensor_id": 7, "timestamp": 1.7e12, "temperature": 20, "unit": "F"},
+    {"timestamp": 5, "temperature": -0.0, "unit": "K", "sensor_id": None},
+    {"timestamp": 5, "temperature": 1e308, "unit": "C"},
+    {"timestamp": 5, "temperature": True, "unit": "C"},
+    {"timestamp": 5, "temperature": 10 ** 400, "unit": "C"},
+    {"timestamp": 5, "temperature": 2.5, "unit": "c"},
+    {"timestamp": 5, "temperature": 2.5, "unit": ""},
+    {"sensor_id": "8", "timestamp": 5, "temperature": 2.5, "unit": "C"},
+    {"timestamp": "5", "temperature": 2.5, "unit": "C"},
+    [1, 2],
+    "text",
+])
+def test_cached_topic_fast_path_maps_exactly_like_mapping_apply(router, payload):
+    """The router's per-topic fast path must give Mapping.apply's record or error, byte for byte."""
+    raw = json.dumps(payload).encode()
+    try:
+        mapped = Mapping.from_dicts(DEFAULT_RULES).apply(TOPIC, json.loads(raw))
+        expected = ("temperature-data", mapped.key.encode(),
+                    json.JSONEncoder(separators=(",", ":")).encode(mapped.value).encode(), None)
+    except ContractError as err:
+        expected = ("dead-letter", b"7", raw, f"contract_violation: {err}")
+    except OverflowError:
+        expected = OverflowError
+    for _ in range(2):                         # first call fills the topic cache, the second uses it
+        if expected is OverflowError:          # the bridge dead-letters this as "unprocessable"
+            with pytest.raises(OverflowError):
+                router.route(TOPIC, raw, None, 1)
+            continue
+        record = router.route(TOPIC, raw, None, 1)
+        reason = _headers(record).get(contracts.HEADER_DLQ_REASON)
+        assert (record.topic, record.key, record.value, reason and reason.decode()) == expected
+
+
+def test_non_utf8_topic_dead_letters_as_unmapped(router):
+    topic = b"sites/site-a/sensors/\xff/temp".decode(errors="replace")
+    record = router.route(topic, GOOD, None, 1)
+    assert (record.topic, record.reason) == ("dead-letter", "unmapped")
