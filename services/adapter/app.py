@@ -48,7 +48,7 @@ from services.adapter.mappings import Mapping, MappingError, Router, load_mappin
 from services.adapter.schema import Row, create_keyspace_cql, create_table_cql, resolve_site, row_builder
 from services.adapter.settings import Settings, load, parser
 from services.adapter.writer import Item, Writer
-from services.common import contracts
+from services.common import names
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
 from services.common.offsets import OffsetTracker
 from services.common.settings import SettingsError
@@ -311,9 +311,9 @@ class Adapter:
         record = route.validate(_json(msg.value()))
         header_site = ingest_ms = None
         for key, value in msg.headers() or ():
-            if key == contracts.HEADER_SITE and value:
+            if key == names.HEADER_SITE and value:
                 header_site = value.decode("utf-8", "replace")
-            elif key == contracts.HEADER_INGEST_MS and value:
+            elif key == names.HEADER_INGEST_MS and value:
                 try:
                     ingest_ms = int(value)
                 except ValueError:
@@ -344,9 +344,9 @@ class Adapter:
 
     def _dead_letter(self, msg: Any, reason: str) -> None:
         headers = list(msg.headers() or []) + [
-            (contracts.HEADER_DLQ_SOURCE, msg.topic()),
-            (contracts.HEADER_DLQ_REASON, reason),
-            (contracts.HEADER_DLQ_TIME_MS, str(int(time.time() * 1000))),
+            (names.HEADER_DLQ_SOURCE, msg.topic()),
+            (names.HEADER_DLQ_REASON, reason),
+            (names.HEADER_DLQ_TIME_MS, str(int(time.time() * 1000))),
             ("dlq_offset", f"{msg.partition()}:{msg.offset()}"),
         ]
         log.warning("dead-letter", extra=kv(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),

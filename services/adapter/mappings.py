@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.adapter.schema import Layout, layout
-from services.common import contracts
+from services.common import contracts, names
 
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _KEYS = {"topics", "topic_pattern", "table", "contract", "ttl_seconds"}
@@ -45,12 +45,12 @@ def _mapping(topics: tuple[str, ...], table: str, contract_name: str) -> Mapping
 
 # The edge tier: the site's own topics, names as in DESIGN.md section 3.
 DEFAULT_MAPPINGS: tuple[Mapping, ...] = (
-    _mapping((contracts.TEMPERATURE_DATA,), "temperature_readings", contracts.READING.name),
-    _mapping((contracts.THRESHOLD_EVENTS,), "temperature_threshold_events", contracts.THRESHOLD_EVENT.name),
-    _mapping((contracts.ROLLUPS_1M,), "temperature_rollups_1m", contracts.ROLLUP.name),
-    _mapping((contracts.DEVICE_REGISTRATION,), "devices", contracts.DEVICE.name),
-    _mapping((contracts.SENSOR_REGISTRATION,), "sensors", contracts.SENSOR.name),
-    _mapping((contracts.SENSOR_TYPE_REGISTRATION,), "sensor_types", contracts.SENSOR_TYPE.name),
+    _mapping((names.TEMPERATURE_DATA,), "temperature_readings", contracts.READING.name),
+    _mapping((names.THRESHOLD_EVENTS,), "temperature_threshold_events", contracts.THRESHOLD_EVENT.name),
+    _mapping((names.ROLLUPS_1M,), "temperature_rollups_1m", contracts.ROLLUP.name),
+    _mapping((names.DEVICE_REGISTRATION,), "devices", contracts.DEVICE.name),
+    _mapping((names.SENSOR_REGISTRATION,), "sensors", contracts.SENSOR.name),
+    _mapping((names.SENSOR_TYPE_REGISTRATION,), "sensor_types", contracts.SENSOR_TYPE.name),
 )
 
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from services.common import names
 from services.common.settings import SettingsError, env, secret
 
 # (flag/attribute, environment variable, default, type, help)
@@ -40,7 +41,7 @@ OPTIONS: tuple[tuple[str, str, Any, type, str], ...] = (
      "most rows in one single-partition UNLOGGED batch (keep batches under Cassandra's 5 KB warning)"),
     ("write_timeout", "ADAPTER_WRITE_TIMEOUT_S", 10.0, float, "seconds before a write is retried"),
     ("commit_interval", "ADAPTER_COMMIT_INTERVAL_S", 1.0, float, "seconds between offset commits"),
-    ("dead_letter_topic", "ADAPTER_DEAD_LETTER_TOPIC", "dead-letter", str,
+    ("dead_letter_topic", "ADAPTER_DEAD_LETTER_TOPIC", names.DEAD_LETTER, str,
      "topic for records that can never be written"),
     ("metrics_port", "ADAPTER_METRICS_PORT", 9102, int, "port of /metrics and /healthz (0: off)"),
     ("log_level", "ADAPTER_LOG_LEVEL", "INFO", str, "DEBUG, INFO, WARNING or ERROR"),

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from services.bridge import metrics
 from services.bridge.routing import CONTRACT_VIOLATION, INVALID_JSON, OutRecord, dead_letter
-from services.common import contracts
+from services.common import contracts, names
 from services.common.contracts import ContractError
 from services.common.observability import kv
 from services.mqtt.codec import reason_name
@@ -38,7 +38,7 @@ def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> 
     for name, text in (("device_id", device_id), ("site", site)):
         if any(c in text for c in _TOPIC_CHARS):
             raise ContractError(f"device-command: {name} '{text}' must not contain '/', '+' or '#'")
-    return f"sites/{site}/devices/{device_id}/commands"
+    return names.MQTT_COMMANDS.format(site=site, device_id=device_id)
 
 
 class _Partition:

@@ -11,7 +11,7 @@ from math import isfinite
 from typing import Any
 
 from services.bridge.rules import Mapping
-from services.common import contracts
+from services.common import contracts, names
 from services.common.contracts import ContractError
 
 # Dead-letter reasons: the metric label and the first word of the dlq_reason header.
@@ -24,8 +24,8 @@ UNPROCESSABLE = "unprocessable"
 REASONS = (OVERSIZED, INVALID_JSON, CONTRACT_VIOLATION, UNMAPPED, KAFKA_REJECTED, UNPROCESSABLE)
 
 # Headers the bridge owns: a device's user property of the same name is dropped, not trusted.
-RESERVED_HEADERS = frozenset({contracts.HEADER_SITE, contracts.HEADER_INGEST_MS, contracts.HEADER_MQTT_TOPIC,
-                              contracts.HEADER_DLQ_SOURCE, contracts.HEADER_DLQ_REASON, contracts.HEADER_DLQ_TIME_MS})
+RESERVED_HEADERS = frozenset({names.HEADER_SITE, names.HEADER_INGEST_MS, names.HEADER_MQTT_TOPIC,
+                              names.HEADER_DLQ_SOURCE, names.HEADER_DLQ_REASON, names.HEADER_DLQ_TIME_MS})
 
 # Kafka's default max.message.bytes is ~1 MB and Mosquitto's max_packet_size 1 MiB: a dead-letter
 # value above this is cut so that the dead-letter record itself can always be written.
@@ -47,10 +47,10 @@ def base_headers(mqtt_topic: str, user_properties: list[tuple[str, str]] | None,
                  ingest_ms: int) -> Headers:
     """MQTT v5 user properties as headers, then the bridge's own (which a device cannot spoof)."""
     headers: Headers = [(k, v.encode()) for k, v in (user_properties or ()) if k not in RESERVED_HEADERS]
-    headers.append((contracts.HEADER_MQTT_TOPIC, mqtt_topic.encode()))
+    headers.append((names.HEADER_MQTT_TOPIC, mqtt_topic.encode()))
     if site:
-        headers.append((contracts.HEADER_SITE, site.encode()))
-    headers.append((contracts.HEADER_INGEST_MS, str(ingest_ms).encode()))
+        headers.append((names.HEADER_SITE, site.encode()))
+    headers.append((names.HEADER_INGEST_MS, str(ingest_ms).encode()))
     return headers
 
 
@@ -61,11 +61,11 @@ def dead_letter(dlq_topic: str, source: str, key: str | bytes | None, value: byt
         detail = f"{detail} (value cut to its first {DLQ_VALUE_LIMIT} of {len(value)} bytes)"
         value = value[:DLQ_VALUE_LIMIT]
     raw_key = key if key is not None else source
-    out = [h for h in (headers or ()) if h[0] not in (contracts.HEADER_DLQ_SOURCE, contracts.HEADER_DLQ_REASON,
-                                                       contracts.HEADER_DLQ_TIME_MS)]
-    out += [(contracts.HEADER_DLQ_SOURCE, source.encode()),
-            (contracts.HEADER_DLQ_REASON, f"{reason}: {detail}".encode()),
-            (contracts.HEADER_DLQ_TIME_MS, str(now_ms).encode())]
+    out = [h for h in (headers or ()) if h[0] not in (names.HEADER_DLQ_SOURCE, names.HEADER_DLQ_REASON,
+                                                       names.HEADER_DLQ_TIME_MS)]
+    out += [(names.HEADER_DLQ_SOURCE, source.encode()),
+            (names.HEADER_DLQ_REASON, f"{reason}: {detail}".encode()),
+            (names.HEADER_DLQ_TIME_MS, str(now_ms).encode())]
     return OutRecord(dlq_topic, raw_key if isinstance(raw_key, bytes) else raw_key.encode(), value, out, reason)
 
 
@@ -173,7 +173,7 @@ class Router:
     def route(self, topic: str, payload: bytes, user_properties: list[tuple[str, str]] | None,
               now_ms: int) -> OutRecord:
         plan = self._topics.get(topic) or self._plan(topic)
-        ingest = (contracts.HEADER_INGEST_MS, str(now_ms).encode())
+        ingest = (names.HEADER_INGEST_MS, str(now_ms).encode())
         if user_properties:
             headers = [(k, v.encode()) for k, v in user_properties if k not in RESERVED_HEADERS]
             headers += plan.headers

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common import contracts
+from services.common import contracts, names
 
 _NAMED = re.compile(r"^\{([a-z_][a-z0-9_]*)\}$")
 
@@ -137,6 +137,6 @@ class Mapping:
 
 
 DEFAULT_RULES = [
-    {"mqtt": "sites/{site}/sensors/{sensor_id}/temperature", "kafka_topic": contracts.TEMPERATURE_DATA,
+    {"mqtt": names.MQTT_READINGS, "kafka_topic": names.TEMPERATURE_DATA,
      "key": "{sensor_id}", "contract": contracts.READING.name},
 ]

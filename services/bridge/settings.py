@@ -11,7 +11,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from services.common import contracts, settings
+from services.common import names, settings
 
 DESCRIPTION = """\
 MQTT-to-Kafka bridge of an edge site (and the Kafka-to-MQTT command path).
@@ -46,8 +46,8 @@ class BridgeSettings:
     max_payload_bytes: int = 65536
     kafka_message_timeout_ms: int = 120000
     kafka_linger_ms: int = 5
-    dead_letter_topic: str = contracts.DEAD_LETTER
-    commands_topic: str | None = contracts.DEVICE_COMMANDS
+    dead_letter_topic: str = names.DEAD_LETTER
+    commands_topic: str | None = names.DEVICE_COMMANDS
     commands_group: str = "bridge-commands"
     metrics_port: int = 9102
     drain_s: float = 8.0

@@ -11,27 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# ------------------------------------------------------------------ topics
-
-TEMPERATURE_DATA = "temperature-data"
-DEVICE_REGISTRATION = "device-registration"
-SENSOR_REGISTRATION = "sensor-registration"
-SENSOR_TYPE_REGISTRATION = "sensor-type-registration"
-THRESHOLD_EVENTS = "temperature-threshold-events"
-ROLLUPS_1M = "temperature-rollups-1m"
-NOTIFICATIONS = "notifications"
-DEVICE_COMMANDS = "device-commands"
-DEAD_LETTER = "dead-letter"
-
-# Kafka headers added by the bridge (site and ingest time travel beside the value).
-HEADER_SITE = "site"
-HEADER_INGEST_MS = "ingest_ms"
-HEADER_MQTT_TOPIC = "mqtt_topic"
-# Headers of a dead-letter record.
-HEADER_DLQ_SOURCE = "dlq_source"        # MQTT topic or Kafka topic the record came from
-HEADER_DLQ_REASON = "dlq_reason"        # human-readable: what is wrong and the fix
-HEADER_DLQ_TIME_MS = "dlq_time_ms"
-
 # ------------------------------------------------------------------ units
 
 UNITS = ("C", "F", "K")

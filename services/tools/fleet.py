@@ -15,7 +15,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from services.common import contracts
+from services.common import contracts, names
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Sensor:
 
     @property
     def mqtt_topic(self) -> str:
-        return f"sites/{self.site}/sensors/{self.sensor_id}/temperature"
+        return names.MQTT_READINGS.format(site=self.site, sensor_id=self.sensor_id)
 
 
 def sensor_type_id(unit: str) -> str:
@@ -86,14 +86,14 @@ def registrations(sensors: list[Sensor], unit: str) -> dict[str, list[dict]]:
     type_id = sensor_type_id(unit)
     devices = {s.device_id: s for s in sensors}
     records = {
-        contracts.SENSOR_TYPE_REGISTRATION: [contracts.SENSOR_TYPE.validate({
+        names.SENSOR_TYPE_REGISTRATION: [contracts.SENSOR_TYPE.validate({
             "sensor_type_id": type_id, "name": f"Temperature ({unit})",
             "description": f"Temperature sensor reporting degrees {unit}", "unit": unit})],
-        contracts.DEVICE_REGISTRATION: [contracts.DEVICE.validate({
+        names.DEVICE_REGISTRATION: [contracts.DEVICE.validate({
             "device_id": device_id, "name": f"Device {device_id}",
             "description": "simulated device", "location": f"{s.site} hall 1"})
             for device_id, s in devices.items()],
-        contracts.SENSOR_REGISTRATION: [contracts.SENSOR.validate({
+        names.SENSOR_REGISTRATION: [contracts.SENSOR.validate({
             "sensor_id": s.sensor_id, "name": f"Sensor {s.sensor_id}", "description": "simulated sensor",
             "device_id": s.device_id, "sensor_type_id": type_id}) for s in sensors],
     }

@@ -22,14 +22,14 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from services.common import contracts
+from services.common import contracts, names
 from services.tools import fleet
 
 # File section -> (topic, contract)
 SECTIONS = {
-    "sensor_types": (contracts.SENSOR_TYPE_REGISTRATION, contracts.SENSOR_TYPE),
-    "devices": (contracts.DEVICE_REGISTRATION, contracts.DEVICE),
-    "sensors": (contracts.SENSOR_REGISTRATION, contracts.SENSOR),
+    "sensor_types": (names.SENSOR_TYPE_REGISTRATION, contracts.SENSOR_TYPE),
+    "devices": (names.DEVICE_REGISTRATION, contracts.DEVICE),
+    "sensors": (names.SENSOR_REGISTRATION, contracts.SENSOR),
 }
 
 
@@ -68,10 +68,10 @@ def load_file(path: Path) -> dict[str, list[dict]]:
 
 def _dangling_references(records: dict[str, list[dict]], path: Path) -> list[str]:
     """Sensors must name devices and sensor types registered in the same file."""
-    devices = {r["device_id"] for r in records.get(contracts.DEVICE_REGISTRATION, [])}
-    types = {r["sensor_type_id"] for r in records.get(contracts.SENSOR_TYPE_REGISTRATION, [])}
+    devices = {r["device_id"] for r in records.get(names.DEVICE_REGISTRATION, [])}
+    types = {r["sensor_type_id"] for r in records.get(names.SENSOR_TYPE_REGISTRATION, [])}
     errors = []
-    for sensor in records.get(contracts.SENSOR_REGISTRATION, []):
+    for sensor in records.get(names.SENSOR_REGISTRATION, []):
         if devices and sensor["device_id"] not in devices:
             errors.append(f"{path}: sensor {sensor['sensor_id']} names unknown device '{sensor['device_id']}'")
         if types and sensor["sensor_type_id"] not in types:

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from iot_jobs.hysteresis import SensorState, ThresholdConfig, advance
-from services.common import contracts
+from services.common import contracts, names
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 EVENT_FIELDS = contracts.THRESHOLD_EVENT.field_names()
@@ -78,7 +78,7 @@ def events_to_kafka(events: DataFrame) -> DataFrame:
     return events.select(
         F.col("sensor_id").alias("key"),
         F.to_json(F.struct(*[F.col(f) for f in EVENT_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(contracts.HEADER_SITE).alias("key"),
+        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
                          F.col("site").cast("binary").alias("value"))).alias("headers"),
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from services.common import contracts
+from services.common import contracts, names
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 # Value of a `notifications` record: the text plus the joined fields.
@@ -114,6 +114,6 @@ def notifications_to_kafka(rows: DataFrame) -> DataFrame:
     return rows.select(
         F.col("sensor_id").alias("key"),
         F.to_json(F.struct(*[F.col(f) for f in NOTIFICATION_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(contracts.HEADER_SITE).alias("key"),
+        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
                          F.col("site").cast("binary").alias("value"))).alias("headers"),
     )

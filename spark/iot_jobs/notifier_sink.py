@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 
 from iot_jobs import notifier
 from iot_jobs.webhook import Webhook
-from services.common import contracts
+from services.common import contracts, names
 
 log = logging.getLogger("iot_stack.notifier")
 
@@ -46,9 +46,9 @@ class BatchSink:
         if failed and self.dead_letter_topic != "none":
             now = str(int(time.time() * 1000)).encode()
             dead = [(record["key"], record["value"], [
-                (contracts.HEADER_DLQ_SOURCE, f"webhook:{self.topic}".encode()),
-                (contracts.HEADER_DLQ_REASON, reason.encode()),
-                (contracts.HEADER_DLQ_TIME_MS, now)]) for record, reason in failed]
+                (names.HEADER_DLQ_SOURCE, f"webhook:{self.topic}".encode()),
+                (names.HEADER_DLQ_REASON, reason.encode()),
+                (names.HEADER_DLQ_TIME_MS, now)]) for record, reason in failed]
             (spark.createDataFrame(dead, "key STRING, value STRING, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
              .write.format("kafka").options(**self.kafka_options).option("topic", self.dead_letter_topic).save())
             log.warning("batch=%d webhook_failed=%d dead_lettered=true", batch_id, len(failed))

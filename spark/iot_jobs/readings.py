@@ -6,7 +6,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from services.common import contracts
+from services.common import contracts, names
 
 READING_DDL = contracts.spark_ddl(contracts.READING.name)
 
@@ -56,7 +56,7 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
         F.col("r.temperature").alias("temperature"),
         F.col("r.unit").alias("unit"),
         celsius(temperature, F.col("r.unit")).alias("celsius"),
-        F.coalesce(header(contracts.HEADER_SITE), F.lit(default_site)).alias("site"),
+        F.coalesce(header(names.HEADER_SITE), F.lit(default_site)).alias("site"),
         error.alias("error"),
     )
 
@@ -75,9 +75,9 @@ def dead_letters(parsed: DataFrame, topic: str) -> DataFrame:
         F.col("key"),
         F.col("value"),
         F.concat(F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
-                 F.array(h(contracts.HEADER_DLQ_SOURCE, F.col("topic")),
-                         h(contracts.HEADER_DLQ_REASON, F.col("error")),
-                         h(contracts.HEADER_DLQ_TIME_MS,
+                 F.array(h(names.HEADER_DLQ_SOURCE, F.col("topic")),
+                         h(names.HEADER_DLQ_REASON, F.col("error")),
+                         h(names.HEADER_DLQ_TIME_MS,
                            F.unix_millis(F.current_timestamp()).cast("string")))).alias("headers"),
         F.lit(topic).alias("topic"),
     )

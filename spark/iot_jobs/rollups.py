@@ -4,7 +4,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from services.common import contracts
+from services.common import contracts, names
 
 ROLLUP_FIELDS = contracts.ROLLUP.field_names()
 
@@ -34,6 +34,6 @@ def rollups_to_kafka(rollups: DataFrame) -> DataFrame:
     return rollups.select(
         F.col("sensor_id").alias("key"),
         F.to_json(F.struct(*[F.col(f) for f in ROLLUP_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(contracts.HEADER_SITE).alias("key"),
+        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
                          F.col("site").cast("binary").alias("value"))).alias("headers"),
     )

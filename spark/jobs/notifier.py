@@ -17,7 +17,7 @@ from iot_jobs import notifier, runtime  # noqa: E402
 from iot_jobs.notifier_sink import BatchSink  # noqa: E402
 from iot_jobs.webhook import Webhook  # noqa: E402
 
-from services.common import contracts  # noqa: E402
+from services.common import names  # noqa: E402
 
 JOB = "notifier"
 
@@ -47,13 +47,13 @@ def main() -> None:
     kafka = runtime.KafkaSettings.from_env()
     site = runtime.env("SITE", "datacenter")
     events_source = runtime.Source.from_env("THRESHOLD_EVENTS",
-                                            default_pattern=rf".+\.{contracts.THRESHOLD_EVENTS}")
+                                            default_pattern=rf".+\.{names.THRESHOLD_EVENTS}")
     sensors_source = runtime.Source.from_env("SENSOR_REGISTRATION",
-                                             default_pattern=rf".+\.{contracts.SENSOR_REGISTRATION}")
+                                             default_pattern=rf".+\.{names.SENSOR_REGISTRATION}")
     devices_source = runtime.Source.from_env("DEVICE_REGISTRATION",
-                                             default_pattern=rf".+\.{contracts.DEVICE_REGISTRATION}")
-    out_topic = runtime.env("NOTIFICATIONS_TOPIC", contracts.NOTIFICATIONS)
-    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", contracts.DEAD_LETTER)
+                                             default_pattern=rf".+\.{names.DEVICE_REGISTRATION}")
+    out_topic = runtime.env("NOTIFICATIONS_TOPIC", names.NOTIFICATIONS)
+    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", names.DEAD_LETTER)
     hook = webhook_from_env()
     checkpoint = runtime.checkpoint(JOB, "notifications")
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot
 
 from iot_jobs import readings, rollups, runtime  # noqa: E402
 
-from services.common import contracts  # noqa: E402
+from services.common import names  # noqa: E402
 
 JOB = "rollups"
 
@@ -22,8 +22,8 @@ def main() -> None:
     kafka = runtime.KafkaSettings.from_env()
     site = runtime.env("SITE")
     watermark = runtime.env("ROLLUP_WATERMARK", "30 seconds")
-    source = runtime.Source.from_env("READINGS", contracts.TEMPERATURE_DATA)
-    rollups_topic = runtime.env("ROLLUPS_TOPIC", contracts.ROLLUPS_1M)
+    source = runtime.Source.from_env("READINGS", names.TEMPERATURE_DATA)
+    rollups_topic = runtime.env("ROLLUPS_TOPIC", names.ROLLUPS_1M)
     checkpoint = runtime.checkpoint(JOB, "rollups-1m")
 
     spark = runtime.session(JOB)

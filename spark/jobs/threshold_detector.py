@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot
 from iot_jobs import detector, readings, runtime  # noqa: E402
 from iot_jobs.hysteresis import ConfigError, ThresholdConfig  # noqa: E402
 
-from services.common import contracts  # noqa: E402
+from services.common import names  # noqa: E402
 
 JOB = "threshold-detector"
 
@@ -27,10 +27,10 @@ def main() -> None:
     except ConfigError as err:
         raise runtime.SettingsError(str(err)) from None
     ttl_ms = runtime.env_int("STATE_TTL_SECONDS", 24 * 3600, minimum=1) * 1000
-    source = runtime.Source.from_env("READINGS", contracts.TEMPERATURE_DATA)
-    registry = runtime.Source.from_env("SENSOR_REGISTRATION", contracts.SENSOR_REGISTRATION)
-    events_topic = runtime.env("THRESHOLD_EVENTS_TOPIC", contracts.THRESHOLD_EVENTS)
-    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", contracts.DEAD_LETTER)   # "none" disables
+    source = runtime.Source.from_env("READINGS", names.TEMPERATURE_DATA)
+    registry = runtime.Source.from_env("SENSOR_REGISTRATION", names.SENSOR_REGISTRATION)
+    events_topic = runtime.env("THRESHOLD_EVENTS_TOPIC", names.THRESHOLD_EVENTS)
+    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", names.DEAD_LETTER)   # "none" disables
     events_checkpoint = runtime.checkpoint(JOB, "threshold-events")
     dead_letter_checkpoint = runtime.checkpoint(JOB, "dead-letter")
 

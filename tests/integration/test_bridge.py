@@ -17,7 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from services.common import contracts
+from services.common import names
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
@@ -40,7 +40,7 @@ def stack(lab, tmp_path_factory):
     lab.run("mosquitto", "mosquitto", ports={mqtt_port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
             env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
     cluster = start_kafka_cluster(lab)
-    create_topics(cluster, contracts.TEMPERATURE_DATA, contracts.DEAD_LETTER, contracts.DEVICE_COMMANDS)
+    create_topics(cluster, names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS)
     bridge = lab.run("services", "bridge", "iot-bridge", memory="256m", ports={metrics_port: 9102},
                      volumes={str(secrets): "/run/secrets:ro"}, env={
                          "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE,
@@ -150,19 +150,19 @@ def test_bridge_delivers_each_qos1_reading_exactly_once_with_key_and_headers(sta
     finally:
         client.loop_stop()
         client.disconnect()
-    records = _with_prefix(_records(stack, contracts.TEMPERATURE_DATA,
+    records = _with_prefix(_records(stack, names.TEMPERATURE_DATA,
                                     lambda rs: len(_with_prefix(rs, prefix)) >= count), prefix)
     time.sleep(2)   # then make sure nothing more trickles in
-    records = _with_prefix(_records(stack, contracts.TEMPERATURE_DATA,
+    records = _with_prefix(_records(stack, names.TEMPERATURE_DATA,
                                     lambda rs: len(_with_prefix(rs, prefix)) >= len(records), 60), prefix)
     assert len(records) == count
     assert _identities(records) == set(sent.values())
     for r in records[:50]:
         value, headers = json.loads(r.value()), dict(r.headers())
         assert r.key().decode() == value["sensor_id"]
-        assert headers[contracts.HEADER_SITE] == SITE.encode()
-        assert abs(int(headers[contracts.HEADER_INGEST_MS]) - time.time() * 1000) < 600_000
-        assert headers[contracts.HEADER_MQTT_TOPIC] == f"sites/{SITE}/sensors/{value['sensor_id']}/temperature".encode()
+        assert headers[names.HEADER_SITE] == SITE.encode()
+        assert abs(int(headers[names.HEADER_INGEST_MS]) - time.time() * 1000) < 600_000
+        assert headers[names.HEADER_MQTT_TOPIC] == f"sites/{SITE}/sensors/{value['sensor_id']}/temperature".encode()
         assert headers["firmware"] == b"1.4.2"
 
 
@@ -190,21 +190,21 @@ def test_each_kind_of_bad_input_lands_in_dead_letter_with_its_reason_and_bridge_
     topics = {topic for topic, _ in BAD_INPUTS.values()}
 
     def ours(rs):
-        return [r for r in rs if dict(r.headers() or ()).get(contracts.HEADER_DLQ_SOURCE, b"").decode() in topics]
+        return [r for r in rs if dict(r.headers() or ()).get(names.HEADER_DLQ_SOURCE, b"").decode() in topics]
 
-    dead = ours(_records(stack, contracts.DEAD_LETTER, lambda rs: len(ours(rs)) >= len(BAD_INPUTS)))
-    by_source = {dict(r.headers())[contracts.HEADER_DLQ_SOURCE].decode(): r for r in dead}
+    dead = ours(_records(stack, names.DEAD_LETTER, lambda rs: len(ours(rs)) >= len(BAD_INPUTS)))
+    by_source = {dict(r.headers())[names.HEADER_DLQ_SOURCE].decode(): r for r in dead}
     assert len(dead) == len(BAD_INPUTS)
     for kind, (topic, payload) in BAD_INPUTS.items():
         record = by_source[topic]
         headers = dict(record.headers())
-        assert headers[contracts.HEADER_DLQ_REASON].decode().startswith(kind.split("-")[0] + ":"), headers
+        assert headers[names.HEADER_DLQ_REASON].decode().startswith(kind.split("-")[0] + ":"), headers
         assert record.value() == payload
-        assert int(headers[contracts.HEADER_DLQ_TIME_MS]) > 0
+        assert int(headers[names.HEADER_DLQ_TIME_MS]) > 0
         expected_key = topic if kind == "unmapped" else topic.split("/")[3]
         assert record.key().decode() == expected_key
     # It kept running: the good readings behind the bad ones arrived, and everything was acked.
-    good = _records(stack, contracts.TEMPERATURE_DATA, lambda rs: len(_with_prefix(rs, "after-bad")) >= 5, 60)
+    good = _records(stack, names.TEMPERATURE_DATA, lambda rs: len(_with_prefix(rs, "after-bad")) >= 5, 60)
     assert len(_with_prefix(good, "after-bad")) == 5
     wait_until("window empty", lambda: _metric(stack, "bridge_in_flight") == 0, timeout=30)
     assert _metric(stack, 'bridge_dead_lettered_total{reason="oversized"}') >= 1
@@ -223,16 +223,16 @@ def test_device_command_from_kafka_reaches_subscribed_mqtt_client(stack):
         assert subscribed.wait(30)
         command = json.dumps({"device_id": "dev-9", "command": "reboot"}).encode()
         producer = Producer({"bootstrap.servers": stack["kafka"]})
-        producer.produce(contracts.DEVICE_COMMANDS, command, b"dev-9")
-        producer.produce(contracts.DEVICE_COMMANDS, b'{"command": "no device"}', b"dev-x")
+        producer.produce(names.DEVICE_COMMANDS, command, b"dev-9")
+        producer.produce(names.DEVICE_COMMANDS, b'{"command": "no device"}', b"dev-x")
         assert producer.flush(30) == 0
         wait_until("command on MQTT", lambda: received, timeout=60)
     finally:
         client.loop_stop()
         client.disconnect()
     assert received == [(f"sites/{SITE}/devices/dev-9/commands", command)]
-    dead = _records(stack, contracts.DEAD_LETTER, lambda rs: any(
-        dict(r.headers() or ()).get(contracts.HEADER_DLQ_SOURCE) == contracts.DEVICE_COMMANDS.encode() for r in rs), 60)
+    dead = _records(stack, names.DEAD_LETTER, lambda rs: any(
+        dict(r.headers() or ()).get(names.HEADER_DLQ_SOURCE) == names.DEVICE_COMMANDS.encode() for r in rs), 60)
     assert any(r.key() == b"dev-x" for r in dead)
 
 
@@ -251,7 +251,7 @@ def _stream_through_disruption(stack, prefix: str, count: int, disrupt) -> None:
         client.loop_stop()
         client.disconnect()
     must = {sent[mid] for mid in acked}
-    records = _records(stack, contracts.TEMPERATURE_DATA,
+    records = _records(stack, names.TEMPERATURE_DATA,
                        lambda rs: must <= _identities(_with_prefix(rs, prefix)), timeout=300)
     found = _identities(_with_prefix(records, prefix))
     assert not must - found, f"{len(must - found)} acknowledged readings missing from Kafka"

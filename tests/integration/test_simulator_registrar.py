@@ -9,13 +9,13 @@ import pytest
 from confluent_kafka import Consumer
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from services.common import contracts
+from services.common import contracts, names
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 USER, PASSWORD = "simulator", "sim-secret"
-REGISTRATION_TOPICS = (contracts.SENSOR_TYPE_REGISTRATION, contracts.DEVICE_REGISTRATION,
-                       contracts.SENSOR_REGISTRATION)
+REGISTRATION_TOPICS = (names.SENSOR_TYPE_REGISTRATION, names.DEVICE_REGISTRATION,
+                       names.SENSOR_REGISTRATION)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,9 @@ def test_registrar_fills_compacted_topics_keyed_by_id(lab):
         wait_until("registrations", all_seen, timeout=60)
     finally:
         consumer.close()
-    assert set(seen[contracts.DEVICE_REGISTRATION]) == {"site-b-dev-1", "site-b-dev-2"}
-    assert seen[contracts.SENSOR_REGISTRATION]["site-b-dev-2-s1"]["device_id"] == "site-b-dev-2"
-    assert seen[contracts.SENSOR_TYPE_REGISTRATION]["temperature-c"]["unit"] == "C"
+    assert set(seen[names.DEVICE_REGISTRATION]) == {"site-b-dev-1", "site-b-dev-2"}
+    assert seen[names.SENSOR_REGISTRATION]["site-b-dev-2-s1"]["device_id"] == "site-b-dev-2"
+    assert seen[names.SENSOR_TYPE_REGISTRATION]["temperature-c"]["unit"] == "C"
 
 
 def test_registrar_rejects_invalid_file_and_produces_nothing(lab, tmp_path):

@@ -18,7 +18,7 @@ from services.adapter.schema import (
     utc_day,
 )
 from services.adapter.settings import OPTIONS, parse_replication
-from services.common import contracts
+from services.common import contracts, names
 from services.common.offsets import OffsetTracker
 from services.common.settings import SettingsError
 
@@ -134,9 +134,9 @@ def test_router_matches_exact_topics_and_prefixed_mirrored_topics():
 
 def test_default_mappings_cover_readings_events_rollups_and_registrations():
     topics = {t for m in DEFAULT_MAPPINGS for t in m.topics}
-    assert topics == {contracts.TEMPERATURE_DATA, contracts.THRESHOLD_EVENTS, contracts.ROLLUPS_1M,
-                      contracts.DEVICE_REGISTRATION, contracts.SENSOR_REGISTRATION,
-                      contracts.SENSOR_TYPE_REGISTRATION}
+    assert topics == {names.TEMPERATURE_DATA, names.THRESHOLD_EVENTS, names.ROLLUPS_1M,
+                      names.DEVICE_REGISTRATION, names.SENSOR_REGISTRATION,
+                      names.SENSOR_TYPE_REGISTRATION}
 
 
 _ENTRY = '[[table]]\ntopics = ["t"]\ntable = "x"\ncontract = "temperature-reading"\n'

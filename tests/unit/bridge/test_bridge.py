@@ -10,7 +10,7 @@ from services.bridge.commands import _Partition, command_topic
 from services.bridge.routing import DLQ_VALUE_LIMIT, OutRecord, Router, base_headers, dead_letter
 from services.bridge.rules import DEFAULT_RULES, Mapping
 from services.bridge.window import Window
-from services.common import contracts
+from services.common import names
 from services.common.contracts import ContractError
 from services.common.settings import SettingsError
 
@@ -32,8 +32,8 @@ def test_valid_reading_is_keyed_by_sensor_and_carries_site_ingest_and_user_prope
     assert (record.topic, record.key, record.reason) == ("temperature-data", b"7", None)
     assert json.loads(record.value) == {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.5,
                                         "unit": "C"}
-    assert _headers(record) == {"firmware": b"1.2", contracts.HEADER_MQTT_TOPIC: TOPIC.encode(),
-                                contracts.HEADER_SITE: b"site-a", contracts.HEADER_INGEST_MS: b"123"}
+    assert _headers(record) == {"firmware": b"1.2", names.HEADER_MQTT_TOPIC: TOPIC.encode(),
+                                names.HEADER_SITE: b"site-a", names.HEADER_INGEST_MS: b"123"}
 
 
 def test_device_cannot_spoof_the_bridges_own_headers():
@@ -45,7 +45,7 @@ def test_site_header_falls_back_to_configured_site_without_a_site_segment():
     mapping = Mapping.from_dicts([{"mqtt": "plant/{sensor_id}/t", "kafka_topic": "temperature-data",
                                    "key": "{sensor_id}", "contract": "temperature-reading"}])
     record = Router(mapping, "dead-letter", 1024, site="site-b").route("plant/9/t", GOOD, None, 1)
-    assert _headers(record)[contracts.HEADER_SITE] == b"site-b"
+    assert _headers(record)[names.HEADER_SITE] == b"site-b"
 
 
 @pytest.mark.parametrize(("topic", "payload", "reason", "key"), [
@@ -62,9 +62,9 @@ def test_bad_input_becomes_a_dead_letter_record_with_original_bytes_key_and_reas
     record = router.route(topic, payload, None, now_ms=42)
     headers = _headers(record)
     assert (record.topic, record.key, record.value, record.reason) == ("dead-letter", key, payload, reason)
-    assert headers[contracts.HEADER_DLQ_SOURCE] == topic.encode()
-    assert headers[contracts.HEADER_DLQ_REASON].decode().startswith(f"{reason}: ")
-    assert headers[contracts.HEADER_DLQ_TIME_MS] == b"42"
+    assert headers[names.HEADER_DLQ_SOURCE] == topic.encode()
+    assert headers[names.HEADER_DLQ_REASON].decode().startswith(f"{reason}: ")
+    assert headers[names.HEADER_DLQ_TIME_MS] == b"42"
 
 
 def test_deeply_nested_json_is_dead_lettered_not_a_crash():
@@ -73,7 +73,7 @@ def test_deeply_nested_json_is_dead_lettered_not_a_crash():
 
 
 def test_oversized_reason_names_the_limit_and_the_fix(router):
-    reason = _headers(router.route(TOPIC, b"x" * 2000, None, 1))[contracts.HEADER_DLQ_REASON].decode()
+    reason = _headers(router.route(TOPIC, b"x" * 2000, None, 1))[names.HEADER_DLQ_REASON].decode()
     assert "2000 bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES=1024" in reason
 
 
@@ -81,7 +81,7 @@ def test_dead_letter_value_is_cut_so_kafka_can_always_take_it():
     record = dead_letter("dead-letter", "t", None, b"x" * (DLQ_VALUE_LIMIT + 10), "oversized", "too big", 1)
     assert len(record.value) == DLQ_VALUE_LIMIT
     assert record.key == b"t"
-    assert "cut to its first" in _headers(record)[contracts.HEADER_DLQ_REASON].decode()
+    assert "cut to its first" in _headers(record)[names.HEADER_DLQ_REASON].decode()
 
 
 def _entry(window: Window, mid: int, qos: int = 1):
@@ -210,7 +210,7 @@ def test_cached_topic_fast_path_maps_exactly_like_mapping_apply(router, payload)
                 router.route(TOPIC, raw, None, 1)
             continue
         record = router.route(TOPIC, raw, None, 1)
-        reason = _headers(record).get(contracts.HEADER_DLQ_REASON)
+        reason = _headers(record).get(names.HEADER_DLQ_REASON)
         assert (record.topic, record.key, record.value, reason and reason.decode()) == expected
 
 

@@ -23,7 +23,7 @@ from iot_jobs.hysteresis import Limits, SensorState, ThresholdConfig, advance  #
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from services.common import contracts  # noqa: E402
+from services.common import contracts, names  # noqa: E402
 
 KAFKA_DDL = ("key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
              "topic STRING, partition INT, offset BIGINT")
@@ -107,9 +107,9 @@ def test_dead_letters_keep_original_bytes_and_headers_and_add_reason(spark):
     assert bytes(dead[0].value) == b"{not json" and bytes(dead[0].key) == b"k" and dead[0].topic == "dead-letter"
     headers = {h.key: bytes(h.value).decode() for h in dead[0].headers}
     assert headers["site"] == "site-a"
-    assert headers[contracts.HEADER_DLQ_SOURCE] == "temperature-data"
-    assert headers[contracts.HEADER_DLQ_REASON] == "value is not a temperature-reading JSON object"
-    assert int(headers[contracts.HEADER_DLQ_TIME_MS]) > 1_600_000_000_000
+    assert headers[names.HEADER_DLQ_SOURCE] == "temperature-data"
+    assert headers[names.HEADER_DLQ_REASON] == "value is not a temperature-reading JSON object"
+    assert int(headers[names.HEADER_DLQ_TIME_MS]) > 1_600_000_000_000
 
 
 # ------------------------------------------------------------------ detector

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from services.common import contracts
+from services.common import contracts, names
 from services.tools import fleet, registrar, simulator
 
 
@@ -59,9 +59,9 @@ def test_readings_are_reported_in_the_chosen_unit(unit, expected):
 def test_fleet_registrations_are_valid_and_consistent():
     sensors = fleet.build_fleet("site-b", 2, 3)
     records = fleet.registrations(sensors, "F")
-    assert len(records[contracts.DEVICE_REGISTRATION]) == 2
-    assert len(records[contracts.SENSOR_REGISTRATION]) == 6
-    assert {r["sensor_type_id"] for r in records[contracts.SENSOR_REGISTRATION]} == {"temperature-f"}
+    assert len(records[names.DEVICE_REGISTRATION]) == 2
+    assert len(records[names.SENSOR_REGISTRATION]) == 6
+    assert {r["sensor_type_id"] for r in records[names.SENSOR_REGISTRATION]} == {"temperature-f"}
 
 
 def test_registry_file_with_errors_reports_every_one(tmp_path):
@@ -83,7 +83,7 @@ def test_registry_file_with_errors_reports_every_one(tmp_path):
 def test_registry_file_from_toml(tmp_path):
     path = tmp_path / "registry.toml"
     path.write_text('[[devices]]\ndevice_id = "d1"\nname = "Press"\nlocation = "hall 2"\n')
-    assert registrar.load_file(path) == {contracts.DEVICE_REGISTRATION: [
+    assert registrar.load_file(path) == {names.DEVICE_REGISTRATION: [
         {"device_id": "d1", "name": "Press", "description": None, "location": "hall 2"}]}
 
 

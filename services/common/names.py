@@ -1,0 +1,33 @@
+"""Names on the wire, in one place: Kafka topics, Kafka headers, MQTT topic templates.
+
+Everything that names a topic or a header imports it from here: the bridge, the
+adapter, the Spark jobs, the tools, the lab and the benchmarks. The Ansible roles
+and the example inventory spell the same names in YAML; a unit test
+(tests/unit/test_names_agree.py) checks that they agree with this module.
+Standard library only.
+"""
+from __future__ import annotations
+
+# Kafka topics (docs/architecture.md lists the key, value and cleanup policy of each).
+TEMPERATURE_DATA = "temperature-data"
+DEVICE_REGISTRATION = "device-registration"
+SENSOR_REGISTRATION = "sensor-registration"
+SENSOR_TYPE_REGISTRATION = "sensor-type-registration"
+THRESHOLD_EVENTS = "temperature-threshold-events"
+ROLLUPS_1M = "temperature-rollups-1m"
+NOTIFICATIONS = "notifications"
+DEVICE_COMMANDS = "device-commands"
+DEAD_LETTER = "dead-letter"
+
+# Kafka headers added by the bridge (site and ingest time travel beside the value).
+HEADER_SITE = "site"
+HEADER_INGEST_MS = "ingest_ms"
+HEADER_MQTT_TOPIC = "mqtt_topic"
+# Headers of a dead-letter record.
+HEADER_DLQ_SOURCE = "dlq_source"        # MQTT topic or Kafka topic the record came from
+HEADER_DLQ_REASON = "dlq_reason"        # human-readable: what is wrong and the fix
+HEADER_DLQ_TIME_MS = "dlq_time_ms"
+
+# MQTT topics: readings from devices, commands to devices (str.format templates).
+MQTT_READINGS = "sites/{site}/sensors/{sensor_id}/temperature"
+MQTT_COMMANDS = "sites/{site}/devices/{device_id}/commands"
