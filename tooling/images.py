@@ -35,16 +35,18 @@ class Image:
     sources: tuple[str, ...] = field(default_factory=tuple)  # repo paths copied to src/
 
 
-# Build order: parents first.
+# Build order: parents first. runtime (tini, CA certificates, the app user) is
+# the only image built from the Debian base; every other one descends from it.
 IMAGES: tuple[Image, ...] = (
-    Image("jre"),
+    Image("runtime"),
+    Image("jre", parent="runtime"),
     Image("kafka", parent="jre", maven="kafka"),
     Image("cassandra", parent="jre", maven="cassandra", python="cassandra"),
     Image("spark", parent="jre", maven="spark", python="spark", project_wheel=True, sources=("spark",)),
-    Image("mosquitto"),
-    Image("services", python="services", project_wheel=True),
-    Image("registry"),  # a multi-node site's own registry (ansible images role)
-    Image("lab-host"),  # scripts/lab only; never shipped to sites
+    Image("mosquitto", parent="runtime"),
+    Image("services", parent="runtime", python="services", project_wheel=True),
+    Image("registry", parent="runtime"),  # a multi-node site's own registry (ansible images role)
+    Image("lab-host", parent="runtime"),  # scripts/lab only; never shipped to sites
 )
 BY_NAME = {image.name: image for image in IMAGES}
 PROJECT_SOURCES = ("pyproject.toml", "services")
@@ -70,6 +72,16 @@ def _label(ref: str) -> str | None:
     fmt = "{{ index .Config.Labels \"" + INPUTS_LABEL + "\" }}"
     result = subprocess.run(["docker", "image", "inspect", "-f", fmt, ref], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else None
+
+
+def build_args(pinned: pins.Pins) -> list[str]:
+    """--build-arg options every build gets: the Debian base, each parent image
+    as <NAME>_IMAGE (RUNTIME_IMAGE, JRE_IMAGE) and the image version."""
+    parents = sorted({image.parent for image in IMAGES if image.parent})
+    args = [f"BASE_IMAGE={pinned.base_image}"]
+    args += [f"{parent.upper().replace('-', '_')}_IMAGE={tag(parent, pinned)}" for parent in parents]
+    args.append(f"IMAGE_VERSION={pinned.image_tag}")
+    return [option for arg in args for option in ("--build-arg", arg)]
 
 
 def _parent_ref(image: Image, pinned: pins.Pins) -> str:
@@ -164,9 +176,7 @@ def build(image: Image, pinned: pins.Pins, lock_data: dict, index: int, total: i
     context = stage(image, lock_data)
     logfile = artifacts.cache_dir() / "build" / f"{image.name}.log"
     cmd = ["docker", "build", "--network", "host",
-           "--build-arg", f"BASE_IMAGE={pinned.base_image}",
-           "--build-arg", f"JRE_IMAGE={tag('jre', pinned)}",
-           "--build-arg", f"IMAGE_VERSION={pinned.image_tag}",
+           *build_args(pinned),
            "--label", f"{INPUTS_LABEL}={wanted}",
            "-t", ref, str(context)]
     # The classic builder runs everywhere (BuildKit needs the buildx plugin).

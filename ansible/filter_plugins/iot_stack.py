@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import tomllib
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -217,10 +218,18 @@ def updating(lines: list[str]) -> list[str]:
     return [parts[0] for parts in (line.split() for line in lines) if len(parts) > 1 and parts[1] in busy]
 
 
+def from_toml(text: str) -> dict:
+    """Parse TOML text (e.g. images/versions.toml read with the file lookup)."""
+    try:
+        return tomllib.loads(str(text))
+    except tomllib.TOMLDecodeError as err:
+        _fail(f"not valid TOML: {err}")
+
+
 class FilterModule:
     def filters(self):
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
-                "updating": updating}
+                "updating": updating, "from_toml": from_toml}

@@ -13,6 +13,8 @@ import jinja2
 import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 
+from tooling import pins
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,10 +29,16 @@ def _plugin():
 filters = _plugin()
 
 
+def group_vars() -> dict:
+    """ansible/group_vars/all: the project-wide variables the roles' defaults derive from."""
+    return yaml.safe_load((REPO / "ansible/group_vars/all/main.yml").read_text())
+
+
 def stack_settings() -> dict:
     """The stack role's defaults, shaped as the template's `s`."""
     d = yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
     return {
+        "network": jinja2.Template(d["stack_network"]).render(group_vars()),
         "kafka_external_port": d["stack_kafka_external_port"],
         "mqtt": {"port": d["stack_mqtt_port"], "max_inflight_messages": d["stack_mqtt_max_inflight_messages"],
                  "max_queued_messages": d["stack_mqtt_max_queued_messages"]},
@@ -46,7 +54,8 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
                              trim_blocks=True)
     env.filters.update(CoreFilters().filters())
     env.filters.update(filters.FilterModule().filters())
-    images = {n: f"iot-stack/{n}:0.1.0" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
+    tag = pins.load().image_tag
+    images = {n: f"iot-stack/{n}:{tag}" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
     names = {"edge": (["bridge_mapping", "adapter_mappings", "mosquitto_acl"],
                       ["mosquitto_passwd", "mqtt_password", "cassandra_password"]),
              "datacenter": (["adapter_mappings", "mm2_properties"], ["cassandra_password"])}[tier]

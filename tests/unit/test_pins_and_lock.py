@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import hashlib
+import re
+import subprocess
 
+import jinja2
 import pytest
+import yaml
+from ansible.plugins.filter.core import FilterModule as CoreFilters
 
+from tests.unit.stack_render import filters, group_vars
 from tooling import artifacts, images, pins
 
 
@@ -96,7 +102,89 @@ def test_images_are_built_after_their_parents():
 
 
 def test_selecting_an_image_brings_its_parent():
-    assert [i.name for i in images.with_parents(["kafka"])] == ["jre", "kafka"]
+    assert [i.name for i in images.with_parents(["kafka"])] == ["runtime", "jre", "kafka"]
+    assert [i.name for i in images.with_parents(["mosquitto"])] == ["runtime", "mosquitto"]
+
+
+def _dockerfile(image: images.Image) -> str:
+    return (pins.REPO_ROOT / "images" / image.name / "Dockerfile").read_text()
+
+
+def test_runtime_is_the_only_image_built_from_the_debian_base():
+    assert [image.name for image in images.IMAGES if image.parent is None] == ["runtime"]
+
+
+@pytest.mark.parametrize("image", images.IMAGES, ids=lambda image: image.name)
+def test_dockerfile_builds_from_the_parent_the_build_passes(image):
+    pinned = pins.load()
+    passed = dict(arg.split("=", 1) for arg in images.build_args(pinned)[1::2])
+    text = _dockerfile(image)
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    froms = re.findall(r"^FROM (.*)$", text, re.M)
+    assert froms, f"{image.name}: no FROM"
+    for line in froms:
+        match = re.fullmatch(r"\$\{(\w+)\}( AS \w+)?", line)
+        assert match, f"{image.name}: FROM {line} must name its parent through a build argument"
+        arg = match[1]
+        assert passed.get(arg) == images._parent_ref(image, pinned), f"{image.name}: FROM ${{{arg}}}"
+        # The build always passes the real reference; the default only serves a hand-run `docker build`.
+        wanted = pinned.base_image if image.parent is None else f"{images.PREFIX}/{image.parent}:dev"
+        assert defaults.get(arg) == wanted, f"{image.name}: ARG {arg} default"
+
+
+@pytest.mark.parametrize("image", [i for i in images.IMAGES if i.name != "runtime"], ids=lambda image: image.name)
+def test_only_the_runtime_image_creates_the_user_and_installs_tini(image):
+    text = "\n".join(line for line in _dockerfile(image).splitlines() if not line.lstrip().startswith("#"))
+    for repeated in ("useradd", "groupadd", "tini ", "ca-certificates", "apt-get install",
+                     "org.opencontainers.image.source"):
+        assert repeated not in text, f"images/{image.name}/Dockerfile repeats what images/runtime provides: {repeated}"
+
+
+# Files that hold versions of their own, which may equal the images' tag by
+# coincidence: pyproject.toml's [project] version is the Python package's version
+# (today the same number, yet not the images' tag), and the lock file holds
+# third-party artifacts' versions.
+OWN_VERSIONS = {"images/versions.toml", "pyproject.toml", "images/artifacts.lock.json"}
+
+
+def test_images_version_is_written_only_in_versions_toml():
+    version = pins.load().versions["images"]
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=pins.REPO_ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    pattern = re.compile(rb"(?<![0-9.])" + re.escape(version.encode()) + rb"(?!\.?[0-9])")
+    found = []
+    for name in listed.stdout.decode().split("\0"):
+        path = pins.REPO_ROOT / name
+        if not name or name in OWN_VERSIONS or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if pattern.search(line):
+                found.append(f"{name}:{number}")
+    assert not found, (f"the images' version {version} is written outside images/versions.toml "
+                       f"(read it through tooling/pins.py or Ansible's iot_image_tag): {found}")
+
+
+def test_ansible_reads_the_image_tag_from_versions_toml():
+    """iot_image_tag (ansible/group_vars/all) evaluates to versions.toml's tag, as the
+    playbooks in ansible/ see it, and every role's image default derives from it."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters.update(CoreFilters().filters())
+    env.filters.update(filters.FilterModule().filters())
+    env.globals["lookup"] = lambda plugin, path: open(path).read()  # ansible.builtin.file
+    expression = group_vars()["iot_image_tag"]
+    tag = env.from_string(expression).render(playbook_dir=str(pins.REPO_ROOT / "ansible"))
+    assert tag == pins.load().versions["images"]
+    for role, names in (("images", ["images_tag"]), ("stack", ["stack_image_tag"]), ("topics", ["topics_image"]),
+                        ("health", ["health_kafka_image", "health_cassandra_image"])):
+        defaults = yaml.safe_load((pins.REPO_ROOT / "ansible/roles" / role / "defaults/main.yml").read_text())
+        for name in names:
+            assert "{{ iot_image_tag }}" in defaults[name], f"{role} role: {name} must derive from iot_image_tag"
+
+
+def test_bad_toml_is_named():
+    with pytest.raises(Exception, match="not valid TOML"):
+        filters.from_toml("[versions\n")
 
 
 def test_unknown_image_is_named():

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
-from tests.unit.stack_render import REPO, filters, render
+from tests.unit.stack_render import REPO, filters, group_vars, render
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -190,3 +191,18 @@ def test_lab_jobs_render_with_their_env_and_spark_conf():
     conf = job["command"].index("spark.sql.shuffle.partitions=1")
     assert job["command"][conf - 1] == "--conf"
     assert "rollups" not in edge
+
+
+def test_one_overlay_network_name_for_roles_and_stacks(example):
+    """iot_network (ansible/group_vars/all) names the overlay network everywhere. It
+    stays `iot`: running sites were deployed with that name."""
+    assert group_vars()["iot_network"] == "iot"
+    for role, name in (("swarm", "swarm_network"), ("topics", "topics_network"), ("health", "health_network"),
+                       ("stack", "stack_network")):
+        defaults = yaml.safe_load((REPO / "ansible/roles" / role / "defaults/main.yml").read_text())
+        assert defaults[name] == "{{ iot_network }}", f"{role} role: {name} must derive from iot_network"
+    hostvars, groups = example
+    for group, tier in (("site_a", "edge"), ("datacenter", "datacenter")):
+        stack = render(tier, filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
+        assert stack["networks"] == {"iot": {"external": True}}
+        assert {name: s["networks"] for name, s in _services(stack).items()} == dict.fromkeys(_services(stack), ["iot"])

@@ -19,7 +19,7 @@ _PINS = pins.load()
 
 
 def image(name: str) -> str:
-    """Reference of a project image, e.g. image('kafka') -> 'iot-stack/kafka:0.1.0'."""
+    """Reference of a project image, e.g. image('kafka') -> 'iot-stack/kafka:<tag>'."""
     return images.tag(name, _PINS)
 
 
