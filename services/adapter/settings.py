@@ -1,8 +1,9 @@
 """Settings of the Cassandra adapter: one typed class from flags, environment and secrets.
 
-Every option has a flag and an environment variable (the flag wins); the
-Cassandra password is only ever read from the secret `cassandra_password`
-(/run/secrets/cassandra_password or CASSANDRA_PASSWORD_FILE).
+Every option (OPTIONS, a services.common.settings table) has a flag and an
+environment variable (the flag wins); the Cassandra password is only ever
+read from the secret `cassandra_password` (/run/secrets/cassandra_password or
+CASSANDRA_PASSWORD_FILE).
 """
 from __future__ import annotations
 
@@ -11,40 +12,42 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from services.common import names
-from services.common.settings import SettingsError, env, secret
+from services.common import names, settings
+from services.common.settings import Option, SettingsError
 
-# (flag/attribute, environment variable, default, type, help)
-OPTIONS: tuple[tuple[str, str, Any, type, str], ...] = (
-    ("kafka_bootstrap", "ADAPTER_KAFKA_BOOTSTRAP", "kafka-1:9092", str,
-     "Kafka bootstrap servers, comma-separated host:port"),
-    ("group_id", "ADAPTER_GROUP_ID", "cassandra-adapter", str,
-     "consumer group; replicas with the same group split the partitions"),
-    ("mappings_file", "ADAPTER_MAPPINGS_FILE", "", str,
-     "TOML file of [[table]] topic-to-table mappings (empty: the edge defaults, see --print-schema)"),
-    ("cassandra_hosts", "ADAPTER_CASSANDRA_HOSTS", "cassandra-1", str,
-     "Cassandra contact points, comma-separated host names"),
-    ("cassandra_port", "ADAPTER_CASSANDRA_PORT", 9042, int, "CQL port"),
-    ("local_dc", "ADAPTER_CASSANDRA_LOCAL_DC", "", str,
-     "data center the adapter writes to (empty: the contact points' data center)"),
-    ("username", "ADAPTER_CASSANDRA_USERNAME", "", str,
-     "Cassandra user (empty: no authentication); its password comes from the secret cassandra_password"),
-    ("keyspace", "ADAPTER_KEYSPACE", "iot", str, "keyspace, created if missing"),
-    ("replication", "ADAPTER_REPLICATION", "dc1:1", str,
-     "replication per data center for a new keyspace, e.g. dc1:3,dc2:1 (NetworkTopologyStrategy)"),
-    ("consistency", "ADAPTER_CONSISTENCY", "LOCAL_QUORUM", str, "write consistency level"),
-    ("default_site", "ADAPTER_DEFAULT_SITE", "", str,
-     "site of records with no site field, 'site' header or '<site>.' topic prefix (empty: dead-letter them)"),
-    ("window", "ADAPTER_WINDOW", 10000, int,
-     "most records consumed but not yet written (about 2 KB of memory each); consumption pauses beyond it"),
-    ("max_batch_rows", "ADAPTER_MAX_BATCH_ROWS", 40, int,
-     "most rows in one single-partition UNLOGGED batch (keep batches under Cassandra's 5 KB warning)"),
-    ("write_timeout", "ADAPTER_WRITE_TIMEOUT_S", 10.0, float, "seconds before a write is retried"),
-    ("commit_interval", "ADAPTER_COMMIT_INTERVAL_S", 1.0, float, "seconds between offset commits"),
-    ("dead_letter_topic", "ADAPTER_DEAD_LETTER_TOPIC", names.DEAD_LETTER, str,
-     "topic for records that can never be written"),
-    ("metrics_port", "ADAPTER_METRICS_PORT", 9102, int, "port of /metrics and /healthz (0: off)"),
-    ("log_level", "ADAPTER_LOG_LEVEL", "INFO", str, "DEBUG, INFO, WARNING or ERROR"),
+# The flags are --<name>; each reads the variable shown (see services/common/settings.py).
+OPTIONS: tuple[Option, ...] = (
+    Option("kafka_bootstrap", "ADAPTER_KAFKA_BOOTSTRAP", "kafka-1:9092",
+           "Kafka bootstrap servers, comma-separated host:port"),
+    Option("group_id", "ADAPTER_GROUP_ID", "cassandra-adapter",
+           "consumer group; replicas with the same group split the partitions"),
+    Option("mappings_file", "ADAPTER_MAPPINGS_FILE", "",
+           "TOML file of [[table]] topic-to-table mappings (empty: the edge defaults, see --print-schema)"),
+    Option("cassandra_hosts", "ADAPTER_CASSANDRA_HOSTS", "cassandra-1",
+           "Cassandra contact points, comma-separated host names"),
+    Option("cassandra_port", "ADAPTER_CASSANDRA_PORT", 9042, "CQL port", int),
+    Option("local_dc", "ADAPTER_CASSANDRA_LOCAL_DC", "",
+           "data center the adapter writes to (empty: the contact points' data center)"),
+    Option("username", "ADAPTER_CASSANDRA_USERNAME", "",
+           "Cassandra user (empty: no authentication); its password comes from the secret cassandra_password"),
+    Option("cassandra_password", secret=True, help="password of the Cassandra user, needed only with --username"),
+    Option("keyspace", "ADAPTER_KEYSPACE", "iot", "keyspace, created if missing"),
+    Option("replication", "ADAPTER_REPLICATION", "dc1:1",
+           "replication per data center for a new keyspace, e.g. dc1:3,dc2:1 (NetworkTopologyStrategy)"),
+    Option("consistency", "ADAPTER_CONSISTENCY", "LOCAL_QUORUM", "write consistency level"),
+    Option("default_site", "ADAPTER_DEFAULT_SITE", "",
+           "site of records with no site field, 'site' header or '<site>.' topic prefix (empty: dead-letter them)"),
+    Option("window", "ADAPTER_WINDOW", 10000,
+           "most records consumed but not yet written (about 2 KB of memory each); consumption pauses beyond it",
+           int),
+    Option("max_batch_rows", "ADAPTER_MAX_BATCH_ROWS", 40,
+           "most rows in one single-partition UNLOGGED batch (keep batches under Cassandra's 5 KB warning)", int),
+    Option("write_timeout", "ADAPTER_WRITE_TIMEOUT_S", 10.0, "seconds before a write is retried", float),
+    Option("commit_interval", "ADAPTER_COMMIT_INTERVAL_S", 1.0, "seconds between offset commits", float),
+    Option("dead_letter_topic", "ADAPTER_DEAD_LETTER_TOPIC", names.DEAD_LETTER,
+           "topic for records that can never be written"),
+    Option("metrics_port", "ADAPTER_METRICS_PORT", 9102, "port of /metrics and /healthz (0: off)", int),
+    Option("log_level", "ADAPTER_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )
 _CONSISTENCY = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY")
 
@@ -86,31 +89,18 @@ def parse_replication(text: str) -> dict[str, int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="iot-cassandra-adapter",
-        description="Consume Kafka topics and write them to Cassandra tables (at least once, offsets "
-                    "committed after the rows are written; unwritable records go to dead-letter).",
-        epilog="Every option also reads the environment variable shown; the flag wins. The Cassandra password "
-               "is read from the secret cassandra_password (/run/secrets or CASSANDRA_PASSWORD_FILE).")
-    for name, var, default, _kind, text in OPTIONS:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar=var,
-                       help=f"{text} [env {var}, default {default!r}]")
+    p = settings.build_parser(
+        OPTIONS, prog="iot-cassandra-adapter",
+        description="Consume Kafka topics and write them to Cassandra tables (at least once, offsets\n"
+                    "committed after the rows are written; unwritable records go to dead-letter).")
     p.add_argument("--print-schema", action="store_true",
                    help="print the keyspace and table CQL for the configured mappings, then exit")
     return p
 
 
 def load(args: argparse.Namespace) -> Settings:
-    values: dict[str, Any] = {}
-    for name, var, default, kind, _ in OPTIONS:
-        raw = getattr(args, name)
-        if raw is None:
-            values[name] = env(var, default, kind)
-        else:
-            try:
-                values[name] = kind(raw)
-            except ValueError:
-                raise SettingsError(f"--{name.replace('_', '-')}={raw!r} is not a valid {kind.__name__}") from None
+    """The options of `args` (flags as text), else the environment, else defaults; SettingsError if bad."""
+    values: dict[str, Any] = settings.resolve([o for o in OPTIONS if not o.secret], args)
     for name in ("window", "max_batch_rows", "cassandra_port"):
         if values[name] < 1:
             raise SettingsError(f"{name} must be at least 1, got {values[name]}")
@@ -122,6 +112,6 @@ def load(args: argparse.Namespace) -> Settings:
     hosts = tuple(h.strip() for h in values["cassandra_hosts"].split(",") if h.strip())
     if not hosts:
         raise SettingsError("ADAPTER_CASSANDRA_HOSTS is empty")
-    password = secret("cassandra_password", required=bool(values["username"]))
+    password = settings.secret("cassandra_password", required=bool(values["username"]))
     return Settings(**{**values, "cassandra_hosts": hosts, "consistency": consistency, "password": password,
                        "replication": parse_replication(values["replication"])})

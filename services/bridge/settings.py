@@ -1,13 +1,13 @@
 """Settings of the MQTT-to-Kafka bridge: one typed class, read from flags, environment and secrets.
 
-Every option has a command-line flag whose default comes from the environment
-variable named in its help, so a Swarm stack only sets environment variables and
-mounts the `mqtt_password` secret. A flag wins over the environment.
+Every option (OPTIONS, a services.common.settings table) has a command-line flag
+and the environment variable named in its help, so a Swarm stack only sets
+environment variables and mounts the `mqtt_password` secret. A flag wins over
+the environment.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 from dataclasses import dataclass
 
@@ -67,78 +67,62 @@ class BridgeSettings:
             raise settings.SettingsError(f"BRIDGE_SHARE_GROUP={self.share_group!r} must not contain '/', '+' or '#'")
 
 
-def _env(name: str, default: object, cast=str):
-    """Default for a flag: the environment variable if set, cast here so an error names the variable."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise settings.SettingsError(f"{name}={raw!r} is not a valid {cast.__name__}") from None
+_D = BridgeSettings()
+# The flags are --<name> unless given; each reads the variable shown (see services/common/settings.py).
+OPTIONS: tuple[settings.Option, ...] = (
+    settings.Option("mqtt_host", "BRIDGE_MQTT_HOST", _D.mqtt_host, "MQTT broker host"),
+    settings.Option("mqtt_port", "BRIDGE_MQTT_PORT", _D.mqtt_port, "MQTT broker port", int),
+    settings.Option("mqtt_username", "BRIDGE_MQTT_USERNAME", _D.mqtt_username, "MQTT user name"),
+    settings.Option("mqtt_password", secret=True, help="MQTT password of --mqtt-username"),
+    settings.Option("client_id", "BRIDGE_CLIENT_ID", None,
+                    "MQTT client id; stable and unique per replica (Swarm: bridge-{{.Task.Slot}}) because the "
+                    "persistent session and its unacked messages belong to it; unset means bridge-<hostname>"),
+    settings.Option("share_group", "BRIDGE_SHARE_GROUP", _D.share_group,
+                    "shared subscription group: replicas in one group split the messages"),
+    settings.Option("session_expiry_s", "BRIDGE_SESSION_EXPIRY_S", _D.session_expiry_s,
+                    "seconds the broker keeps the session (and queues messages) while the bridge is away", int,
+                    flag="--session-expiry"),
+    settings.Option("keepalive_s", "BRIDGE_KEEPALIVE_S", _D.keepalive_s, "MQTT keepalive in seconds", int,
+                    flag="--keepalive"),
+    settings.Option("mapping_file", "BRIDGE_MAPPING_FILE", _D.mapping_file,
+                    "TOML file of [[rule]] MQTT-to-Kafka mappings; unset means the built-in rule "
+                    "sites/{site}/sensors/{sensor_id}/temperature -> temperature-data"),
+    settings.Option("kafka_bootstrap", "BRIDGE_KAFKA_BOOTSTRAP", _D.kafka_bootstrap, "Kafka bootstrap servers"),
+    settings.Option("site", "BRIDGE_SITE", _D.site,
+                    "site alias for the site header and for commands without a site (a {site} topic segment wins)"),
+    settings.Option("window", "BRIDGE_WINDOW", _D.window,
+                    "messages received but not yet acked (in flight to Kafka); sent to the broker as the MQTT v5 "
+                    "Receive Maximum; keep Mosquitto's max_inflight_messages >= this", int),
+    settings.Option("max_payload_bytes", "BRIDGE_MAX_PAYLOAD_BYTES", _D.max_payload_bytes,
+                    "larger payloads go to the dead-letter topic", int, flag="--max-payload"),
+    settings.Option("kafka_message_timeout_ms", "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS", _D.kafka_message_timeout_ms,
+                    "how long the producer retries one record before reporting failure; a failed record is "
+                    "produced again and stays unacked, so this only bounds a single attempt", int),
+    settings.Option("kafka_linger_ms", "BRIDGE_KAFKA_LINGER_MS", _D.kafka_linger_ms,
+                    "producer linger: batching delay that trades latency for throughput", int),
+    settings.Option("dead_letter_topic", "BRIDGE_DEAD_LETTER_TOPIC", _D.dead_letter_topic, "dead-letter Kafka topic"),
+    settings.Option("commands_topic", "BRIDGE_COMMANDS_TOPIC", _D.commands_topic,
+                    "Kafka topic forwarded to MQTT device command topics; 'none' disables the command path"),
+    settings.Option("commands_group", "BRIDGE_COMMANDS_GROUP", _D.commands_group,
+                    "Kafka consumer group of the command path"),
+    settings.Option("metrics_port", "BRIDGE_METRICS_PORT", _D.metrics_port,
+                    "port of /metrics and /healthz; 0 disables", int),
+    settings.Option("drain_s", "BRIDGE_DRAIN_S", _D.drain_s,
+                    "seconds to flush Kafka and send the last PUBACKs on SIGTERM (keep below the stop grace period)",
+                    float, flag="--drain"),
+    settings.Option("log_level", "BRIDGE_LOG_LEVEL", _D.log_level, "log level"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = BridgeSettings()
-    p = argparse.ArgumentParser(prog="iot-bridge", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-
-    def opt(flag: str, env: str, default: object, help_: str, type_=str) -> None:
-        shown = "unset" if default is None else default
-        p.add_argument(flag, type=type_, default=_env(env, default, type_),
-                       help=f"{help_} (env {env}, default {shown})")
-
-    opt("--mqtt-host", "BRIDGE_MQTT_HOST", d.mqtt_host, "MQTT broker host")
-    opt("--mqtt-port", "BRIDGE_MQTT_PORT", d.mqtt_port, "MQTT broker port", int)
-    opt("--mqtt-username", "BRIDGE_MQTT_USERNAME", d.mqtt_username, "MQTT user name")
-    opt("--client-id", "BRIDGE_CLIENT_ID", None,
-        "MQTT client id; stable and unique per replica (Swarm: bridge-{{.Task.Slot}}) because the "
-        "persistent session and its unacked messages belong to it; unset means bridge-<hostname>")
-    opt("--share-group", "BRIDGE_SHARE_GROUP", d.share_group,
-        "shared subscription group: replicas in one group split the messages")
-    opt("--session-expiry", "BRIDGE_SESSION_EXPIRY_S", d.session_expiry_s,
-        "seconds the broker keeps the session (and queues messages) while the bridge is away", int)
-    opt("--keepalive", "BRIDGE_KEEPALIVE_S", d.keepalive_s, "MQTT keepalive in seconds", int)
-    opt("--mapping-file", "BRIDGE_MAPPING_FILE", d.mapping_file,
-        "TOML file of [[rule]] MQTT-to-Kafka mappings; unset means the built-in rule "
-        "sites/{site}/sensors/{sensor_id}/temperature -> temperature-data")
-    opt("--kafka-bootstrap", "BRIDGE_KAFKA_BOOTSTRAP", d.kafka_bootstrap, "Kafka bootstrap servers")
-    opt("--site", "BRIDGE_SITE", d.site,
-        "site alias for the site header and for commands without a site (a {site} topic segment wins)")
-    opt("--window", "BRIDGE_WINDOW", d.window,
-        "messages received but not yet acked (in flight to Kafka); sent to the broker as the MQTT v5 "
-        "Receive Maximum; keep Mosquitto's max_inflight_messages >= this", int)
-    opt("--max-payload", "BRIDGE_MAX_PAYLOAD_BYTES", d.max_payload_bytes,
-        "larger payloads go to the dead-letter topic", int)
-    opt("--kafka-message-timeout-ms", "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS", d.kafka_message_timeout_ms,
-        "how long the producer retries one record before reporting failure; a failed record is "
-        "produced again and stays unacked, so this only bounds a single attempt", int)
-    opt("--kafka-linger-ms", "BRIDGE_KAFKA_LINGER_MS", d.kafka_linger_ms,
-        "producer linger: batching delay that trades latency for throughput", int)
-    opt("--dead-letter-topic", "BRIDGE_DEAD_LETTER_TOPIC", d.dead_letter_topic, "dead-letter Kafka topic")
-    opt("--commands-topic", "BRIDGE_COMMANDS_TOPIC", d.commands_topic,
-        "Kafka topic forwarded to MQTT device command topics; 'none' disables the command path")
-    opt("--commands-group", "BRIDGE_COMMANDS_GROUP", d.commands_group, "Kafka consumer group of the command path")
-    opt("--metrics-port", "BRIDGE_METRICS_PORT", d.metrics_port, "port of /metrics and /healthz; 0 disables", int)
-    opt("--drain", "BRIDGE_DRAIN_S", d.drain_s,
-        "seconds to flush Kafka and send the last PUBACKs on SIGTERM (keep below the stop grace period)", float)
-    opt("--log-level", "BRIDGE_LOG_LEVEL", d.log_level, "log level")
-    return p
+    return settings.build_parser(OPTIONS, prog="iot-bridge", description=DESCRIPTION)
 
 
 def from_args(argv: list[str] | None = None) -> BridgeSettings:
-    """Parse flags (defaults from the environment); bad flags exit 2 with usage, bad values raise SettingsError."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    commands = None if ns.commands_topic in (None, "", "none") else ns.commands_topic
-    return BridgeSettings(
-        mqtt_host=ns.mqtt_host, mqtt_port=ns.mqtt_port, mqtt_username=ns.mqtt_username or None,
-        mqtt_password=settings.secret("mqtt_password"),
-        client_id=ns.client_id or f"bridge-{socket.gethostname()}",
-        share_group=ns.share_group, session_expiry_s=ns.session_expiry, keepalive_s=ns.keepalive,
-        mapping_file=ns.mapping_file or None, kafka_bootstrap=ns.kafka_bootstrap, site=ns.site or None,
-        window=ns.window, max_payload_bytes=ns.max_payload,
-        kafka_message_timeout_ms=ns.kafka_message_timeout_ms, kafka_linger_ms=ns.kafka_linger_ms,
-        dead_letter_topic=ns.dead_letter_topic, commands_topic=commands or None,
-        commands_group=ns.commands_group, metrics_port=ns.metrics_port, drain_s=ns.drain,
-        log_level=ns.log_level)
+    """Flags, else environment, else defaults; bad flags exit 2 with usage, bad variables raise SettingsError."""
+    v = vars(settings.parse_args(build_parser(), OPTIONS, argv))
+    commands = None if v["commands_topic"] in (None, "", "none") else v["commands_topic"]
+    return BridgeSettings(**{
+        **v, "mqtt_username": v["mqtt_username"] or None, "commands_topic": commands,
+        "client_id": v["client_id"] or f"bridge-{socket.gethostname()}",
+        "mapping_file": v["mapping_file"] or None, "site": v["site"] or None})

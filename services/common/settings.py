@@ -1,51 +1,263 @@
-"""Reading service settings from the environment and from Swarm secrets.
+"""Settings of every program in one shape: a table of Options, read from flags, the environment and secrets.
 
-Secrets never travel in the environment: `secret("cassandra_password")` reads
-the file named by CASSANDRA_PASSWORD_FILE, else /run/secrets/cassandra_password.
+An Option names an attribute, its environment variable, its flag (by default
+`--` and the name with dashes), a parse function, a default and a help text.
+The services, the command-line tools and the Spark jobs all declare their
+settings as such tables:
+
+  build_parser(options, prog=...)    argparse parser; each flag's help shows its
+                                     variable and default, secrets are listed below
+  parse_args(parser, options, argv)  flags, then the environment, then defaults
+  resolve(options, args)             the same without the parser's error handling
+  from_env(options)                  environment only (programs without flags)
+
+Precedence is flag > environment > default; an empty variable counts as unset.
+A value that does not parse raises SettingsError naming the variable or flag
+and what it should be (parse_args turns a bad flag into argparse's usage error,
+exit status 2, like any other bad flag).
+
+Secrets (`secret=True`) never travel in the environment or on a command line:
+Option("cassandra_password", secret=True) reads the file named by
+CASSANDRA_PASSWORD_FILE, else /run/secrets/cassandra_password.
+
+Standard library only: the Spark jobs use this module too.
 """
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
-T = TypeVar("T")
 SECRETS_DIR = Path("/run/secrets")
 
 
 class SettingsError(ValueError):
-    """A setting is missing or malformed; the message names the variable."""
+    """A setting is missing or malformed; the message names the variable (or flag) and the fix."""
 
 
-def env(name: str, default: T | None = None, cast: Callable[[str], T] = str) -> T:  # type: ignore[assignment]
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise SettingsError(f"{name} is required")
-        return default
-    try:
-        return cast(raw)
-    except ValueError as err:
-        raise SettingsError(f"{name}={raw!r} is not valid: {err}") from None
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
         return True
-    if raw.lower() in ("0", "false", "no", "off"):
+    if lowered in ("0", "false", "no", "off"):
         return False
-    raise SettingsError(f"{name}={raw!r} is not a boolean (use true or false)")
+    raise ValueError("not a boolean")
 
 
-def secret(name: str, required: bool = False) -> str | None:
-    path = os.environ.get(f"{name.upper()}_FILE") or str(SECRETS_DIR / name)
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """A parse function for whole numbers within [minimum, maximum]."""
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise ValueError("not a whole number") from None
+        if minimum is not None and number < minimum:
+            raise ValueError(f"must be >= {minimum}")
+        if maximum is not None and number > maximum:
+            raise ValueError(f"must be <= {maximum}")
+        return number
+    return parse
+
+
+# Built-in parse functions: how a bad value is described.
+_KINDS: dict[Any, tuple[str, str, Callable[[str], Any]]] = {
+    int: ("int", "a whole number", int),
+    float: ("float", "a number", float),
+    bool: ("boolean", "true or false", parse_bool),
+}
+
+
+def _shown(default: Any) -> str:
+    if default is None:
+        return "unset"
+    if default == "" and isinstance(default, str):
+        return "empty"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return str(default)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: attribute `name`, environment variable `env`, flag `flag` (default --name-with-dashes).
+
+    `type` parses the text of a flag or variable (int, float, bool, str or any
+    function raising ValueError); `default` is used as it is. A `secret` has no
+    flag and no variable of its own: it is read from the file named by
+    <NAME>_FILE (its `env`), else from SECRETS_DIR/<name>.
+    """
+    name: str
+    env: str = ""
+    default: Any = None
+    help: str = ""
+    type: Callable[[str], Any] = str
+    flag: str = ""
+    required: bool = False
+    choices: tuple[Any, ...] = ()
+    secret: bool = False
+
+    def __post_init__(self) -> None:
+        if self.secret:
+            object.__setattr__(self, "env", self.env or f"{self.name.upper()}_FILE")
+            object.__setattr__(self, "flag", "")
+        else:
+            if not self.env:
+                raise ValueError(f"option {self.name} needs an environment variable")
+            object.__setattr__(self, "flag", self.flag or "--" + self.name.replace("_", "-"))
+
+    def describe(self, secrets_dir: Path | str | None = None) -> str:
+        """The help text with where the value comes from: '<help> (env X, default Y)'."""
+        if self.secret:
+            where = Path(secrets_dir or SECRETS_DIR) / self.name
+            return f"{self.help} (the file named by ${self.env}, else {where})"
+        fallback = "required" if self.required else f"default {_shown(self.default)}"
+        return f"{self.help} (env {self.env}, {fallback})"
+
+    def parse(self, raw: str, where: str) -> Any:
+        """raw (from `where`, a flag or a variable) parsed by `type`; SettingsError naming `where` if it fails."""
+        kind = _KINDS.get(self.type)
+        try:
+            value = (kind[2] if kind else self.type)(raw)
+        except SettingsError:
+            raise
+        except (ValueError, TypeError) as err:
+            if kind:
+                hint = f"expected {kind[1]}"
+                if where == self.env and not self.required:
+                    hint += f"; unset it for the default {_shown(self.default)}"
+                raise SettingsError(f"{where}={raw!r} is not a valid {kind[0]} ({hint})") from None
+            raise SettingsError(f"{where}={raw!r}: {err}") from None
+        if self.choices and value not in self.choices:
+            raise SettingsError(f"{where}={raw!r} is not one of {', '.join(map(str, self.choices))}")
+        return value
+
+
+# ------------------------------------------------------------------ reading
+
+
+def secret(name: str, required: bool = False, environ: Mapping[str, str] | None = None,
+           secrets_dir: Path | str | None = None) -> str | None:
+    """The secret `name`: the file named by <NAME>_FILE, else <secrets_dir>/<name> (default /run/secrets)."""
+    environ = os.environ if environ is None else environ
+    var = f"{name.upper()}_FILE"
+    path = environ.get(var, "").strip() or str(Path(secrets_dir or SECRETS_DIR) / name)
     try:
         return Path(path).read_text().strip()
     except FileNotFoundError:
         if required:
-            raise SettingsError(f"secret {name} not found at {path} (mount it or set {name.upper()}_FILE)") from None
+            raise SettingsError(f"secret {name} not found at {path} (mount it or set {var})") from None
         return None
+    except OSError as err:
+        raise SettingsError(f"secret {name}: cannot read {path} ({err.strerror}); fix the file or {var}") from None
+
+
+def value(option: Option, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+          secrets_dir: Path | str | None = None) -> Any:
+    """One option: its flag in `args` if given, else its environment variable if set, else its default."""
+    environ = os.environ if environ is None else environ
+    if option.secret:
+        return secret(option.name, option.required, environ, secrets_dir)
+    raw = getattr(args, option.name, None) if args is not None else None
+    if raw is not None:
+        return option.parse(raw, option.flag) if isinstance(raw, str) else raw
+    text = environ.get(option.env, "").strip()
+    if text:
+        return option.parse(text, option.env)
+    if option.required:
+        raise SettingsError(f"{option.env} is required ({option.help})" if option.help
+                            else f"{option.env} is required")
+    return option.default
+
+
+def resolve(options: Iterable[Option], args: argparse.Namespace | None = None,
+            environ: Mapping[str, str] | None = None, secrets_dir: Path | str | None = None) -> dict[str, Any]:
+    """Every option's value by name: flag > environment > default; raises SettingsError on a bad value."""
+    return {o.name: value(o, args, environ, secrets_dir) for o in options}
+
+
+def from_env(options: Iterable[Option], environ: Mapping[str, str] | None = None,
+             secrets_dir: Path | str | None = None) -> dict[str, Any]:
+    """For programs without flags: every option from the environment (or a secret), else its default."""
+    return resolve(options, None, environ, secrets_dir)
+
+
+def env(name: str, default: Any = None, cast: Callable[[str], Any] = str, help: str = "") -> Any:
+    """One variable read on its own; without a default it is required."""
+    return value(Option(name.lower(), name, default, help, cast, required=default is None))
+
+
+# ------------------------------------------------------------------ command line
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option]) -> None:
+    """One flag per option (secrets get none). The flag's value stays text until resolve() parses it."""
+    for o in options:
+        if o.secret:
+            continue
+        text = o.describe().replace("%", "%%")
+        if o.type is bool:
+            parser.add_argument(o.flag, dest=o.name, action="store_const", const="true", default=None, help=text)
+            continue
+        metavar = ("{" + ",".join(map(str, o.choices)) + "}" if o.choices
+                   else o.flag.lstrip("-").replace("-", "_").upper())
+        parser.add_argument(o.flag, dest=o.name, default=None, metavar=metavar, help=text)
+
+
+def epilog(options: Iterable[Option], text: str = "", width: int = 79) -> str:
+    """Closing help text: how flags and variables combine, and where each secret is read from."""
+    options = list(options)
+    parts = [text] if text else []
+    if any(not o.secret for o in options):
+        parts.append("Every option also reads the environment variable shown; the flag wins.")
+    secrets = [o for o in options if o.secret]
+    if secrets:
+        lines = ["Secrets are read from files only, never from the environment or a flag:"]
+        for o in secrets:
+            lines += textwrap.wrap(f"{o.name}: {o.describe()}", width, initial_indent="  ",
+                                   subsequent_indent="    ")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def build_parser(options: Iterable[Option], *, epilog_text: str = "", **kwargs: Any) -> argparse.ArgumentParser:
+    """An ArgumentParser (kwargs as ArgumentParser's) with a flag per option and a closing note on secrets."""
+    options = list(options)
+    kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(epilog=epilog(options, epilog_text) or None, **kwargs)
+    add_options(parser, options)
+    return parser
+
+
+def apply(parser: argparse.ArgumentParser, options: Iterable[Option], args: argparse.Namespace,
+          environ: Mapping[str, str] | None = None, secrets_dir: Path | str | None = None) -> argparse.Namespace:
+    """Replace the options' raw flag values in `args` by their resolved values.
+
+    A bad flag value or a missing required option is a usage error (usage on
+    stderr, exit 2, as argparse does); a bad environment variable or secret
+    raises SettingsError.
+    """
+    environ = os.environ if environ is None else environ
+    options = list(options)
+    for o in options:
+        raw = getattr(args, o.name, None)
+        try:
+            if isinstance(raw, str):
+                o.parse(raw, o.flag)
+            elif raw is None and o.required and not o.secret and not environ.get(o.env, "").strip():
+                parser.error(f"the following arguments are required: {o.flag} (or set {o.env})")
+        except SettingsError as err:
+            parser.error(str(err))
+    for name, resolved in resolve(options, args, environ, secrets_dir).items():
+        setattr(args, name, resolved)
+    return args
+
+
+def parse_args(parser: argparse.ArgumentParser, options: Iterable[Option], argv: list[str] | None = None,
+               environ: Mapping[str, str] | None = None,
+               secrets_dir: Path | str | None = None) -> argparse.Namespace:
+    """parser.parse_args(argv), then every option resolved into the namespace (see apply)."""
+    return apply(parser, options, parser.parse_args(argv), environ, secrets_dir)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from services.common import contracts, names
+from services.common import contracts, names, settings
 from services.tools import fleet
 
 # File section -> (topic, contract)
@@ -98,20 +98,41 @@ def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.
     return count
 
 
+# --<name> flags, each also read from the variable shown (services/common/settings.py).
+OPTIONS: tuple[settings.Option, ...] = (
+    settings.Option("bootstrap_servers", "REGISTRAR_BOOTSTRAP_SERVERS", None,
+                    "Kafka bootstrap servers, e.g. kafka-1:9092", required=True),
+)
+FLEET_OPTIONS: tuple[settings.Option, ...] = (
+    settings.Option("site", "REGISTRAR_SITE", None, "site alias, as given to iot-simulator --site", required=True),
+    settings.Option("devices", "REGISTRAR_DEVICES", 5, "devices of the fleet", int),
+    settings.Option("sensors_per_device", "REGISTRAR_SENSORS_PER_DEVICE", 2, "sensors per device", int),
+    settings.Option("unit", "REGISTRAR_UNIT", "C", "unit the sensors report in", choices=contracts.UNITS),
+)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="iot-registrar", description=__doc__,
+    p = argparse.ArgumentParser(prog="iot-registrar", description=__doc__, epilog=settings.epilog(OPTIONS),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers, e.g. kafka-1:9092")
+    settings.add_options(p, OPTIONS)
     p.add_argument("--dry-run", action="store_true", help="validate and print the records, produce nothing")
     sub = p.add_subparsers(dest="source", required=True)
     file_p = sub.add_parser("file", help="register what a JSON or TOML file lists")
-    file_p.add_argument("path", type=Path)
-    fleet_p = sub.add_parser("fleet", help="register the simulator's fleet of a site")
-    fleet_p.add_argument("--site", required=True)
-    fleet_p.add_argument("--devices", type=int, default=5)
-    fleet_p.add_argument("--sensors-per-device", type=int, default=2)
-    fleet_p.add_argument("--unit", choices=contracts.UNITS, default="C")
-    return p.parse_args(argv)
+    file_p.add_argument("path", type=Path, help="JSON or TOML file listing sensor_types, devices and sensors")
+    fleet_p = sub.add_parser("fleet", help="register the simulator's fleet of a site",
+                             epilog=settings.epilog(FLEET_OPTIONS),
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    settings.add_options(fleet_p, FLEET_OPTIONS)
+    args = p.parse_args(argv)
+    parser = p
+    try:
+        settings.apply(p, OPTIONS, args)
+        if args.source == "fleet":
+            parser = fleet_p
+            settings.apply(fleet_p, FLEET_OPTIONS, args)
+    except settings.SettingsError as err:   # a bad variable: a usage error too (exit 2)
+        parser.error(str(err))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

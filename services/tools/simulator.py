@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from services.common import settings
 from services.common.observability import StopFlag
+from services.common.settings import Option
 from services.tools import fleet
 
 
@@ -41,42 +43,56 @@ class Counters:
             self.acked += 1
 
 
+# --<name> flags by help group; each also reads the variable shown (services/common/settings.py).
+OPTION_GROUPS: dict[str, tuple[Option, ...]] = {
+    "MQTT connection": (
+        Option("host", "SIMULATOR_HOST", "127.0.0.1", "broker host"),
+        Option("port", "SIMULATOR_PORT", 1883, "broker port", int),
+        Option("username", "SIMULATOR_USERNAME", None, "MQTT user name"),
+        Option("password_file", "MQTT_PASSWORD_FILE", None,
+               "file holding the MQTT password (unset: the secret mqtt_password, /run/secrets/mqtt_password)"),
+        Option("connections", "SIMULATOR_CONNECTIONS", 2, "MQTT connections to spread the load over", int),
+        Option("client_prefix", "SIMULATOR_CLIENT_PREFIX", "simulator", "client id prefix"),
+    ),
+    "fleet": (
+        Option("site", "SIMULATOR_SITE", None, "site alias, e.g. site-a (part of topic and ids)", required=True),
+        Option("devices", "SIMULATOR_DEVICES", 5, "devices", int),
+        Option("sensors_per_device", "SIMULATOR_SENSORS_PER_DEVICE", 2, "sensors per device", int),
+        Option("hot_sensors", "SIMULATOR_HOT_SENSORS", 0,
+               "sensors whose target is raised by --hot-offset so they exceed thresholds", int),
+    ),
+    "load": (
+        Option("rate", "SIMULATOR_RATE", 100.0, "aggregate readings per second", float),
+        Option("duration", "SIMULATOR_DURATION", None, "seconds to run (unset: until --count or ^C)", float),
+        Option("count", "SIMULATOR_COUNT", None, "stop after this many readings", int),
+        Option("qos", "SIMULATOR_QOS", 1, "MQTT QoS", int, choices=(0, 1)),
+    ),
+    "temperature model (thesis formula)": (
+        Option("unit", "SIMULATOR_UNIT", "C", "unit of the readings", choices=("C", "F", "K")),
+        Option("base", "SIMULATOR_BASE", 20.0, "start temperature, Celsius", float),
+        Option("target", "SIMULATOR_TARGET", 24.0, "temperature approached, Celsius", float),
+        Option("tau", "SIMULATOR_TAU", 60.0, "approach time constant, s", float),
+        Option("noise", "SIMULATOR_NOISE", 0.3, "Gaussian noise std dev", float),
+        Option("spike_probability", "SIMULATOR_SPIKE_PROBABILITY", 0.001, "chance of a spike", float),
+        Option("spike_magnitude", "SIMULATOR_SPIKE_MAGNITUDE", 15.0, "spike size, Celsius", float),
+        Option("hot_offset", "SIMULATOR_HOT_OFFSET", 60.0, "target raise of hot sensors", float),
+    ),
+    "": (Option("seed", "SIMULATOR_SEED", None, "random seed for reproducible runs", int),),
+}
+OPTIONS: tuple[Option, ...] = tuple(o for group in OPTION_GROUPS.values() for o in group)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="iot-simulator", description=__doc__,
+    p = argparse.ArgumentParser(prog="iot-simulator", description=__doc__, epilog=settings.epilog(OPTIONS),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    conn = p.add_argument_group("MQTT connection")
-    conn.add_argument("--host", default="127.0.0.1", help="broker host (default 127.0.0.1)")
-    conn.add_argument("--port", type=int, default=1883, help="broker port (default 1883)")
-    conn.add_argument("--username", default=None, help="MQTT user name")
-    conn.add_argument("--password-file", default=None,
-                      help="file holding the MQTT password (default: secret mqtt_password, i.e. "
-                           "$MQTT_PASSWORD_FILE or /run/secrets/mqtt_password)")
-    conn.add_argument("--connections", type=int, default=2,
-                      help="MQTT connections to spread the load over (default 2)")
-    conn.add_argument("--client-prefix", default="simulator", help="client id prefix (default simulator)")
-    fl = p.add_argument_group("fleet")
-    fl.add_argument("--site", required=True, help="site alias, e.g. site-a (part of topic and ids)")
-    fl.add_argument("--devices", type=int, default=5, help="devices (default 5)")
-    fl.add_argument("--sensors-per-device", type=int, default=2, help="sensors per device (default 2)")
-    fl.add_argument("--hot-sensors", type=int, default=0,
-                    help="sensors whose target is raised by --hot-offset so they exceed thresholds (default 0)")
-    load = p.add_argument_group("load")
-    load.add_argument("--rate", type=float, default=100.0, help="aggregate readings per second (default 100)")
-    load.add_argument("--duration", type=float, default=None, help="seconds to run (default: until --count or ^C)")
-    load.add_argument("--count", type=int, default=None, help="stop after this many readings")
-    load.add_argument("--qos", type=int, choices=(0, 1), default=1, help="MQTT QoS (default 1)")
-    model = p.add_argument_group("temperature model (thesis formula)")
-    model.add_argument("--unit", choices=("C", "F", "K"), default="C", help="unit of the readings (default C)")
-    model.add_argument("--base", type=float, default=20.0, help="start temperature, Celsius (default 20)")
-    model.add_argument("--target", type=float, default=24.0, help="temperature approached, Celsius (default 24)")
-    model.add_argument("--tau", type=float, default=60.0, help="approach time constant, s (default 60)")
-    model.add_argument("--noise", type=float, default=0.3, help="Gaussian noise std dev (default 0.3)")
-    model.add_argument("--spike-probability", type=float, default=0.001, help="chance of a spike (default 0.001)")
-    model.add_argument("--spike-magnitude", type=float, default=15.0, help="spike size, Celsius (default 15)")
-    model.add_argument("--hot-offset", type=float, default=60.0, help="target raise of hot sensors (default 60)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible runs")
+    for title, options in OPTION_GROUPS.items():
+        settings.add_options(p.add_argument_group(title) if title else p, options)
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
-    args = p.parse_args(argv)
+    try:
+        args = settings.parse_args(p, OPTIONS, argv)
+        args.password = _password(args) if args.username else None
+    except settings.SettingsError as err:   # a bad variable or password file: a usage error too (exit 2)
+        p.error(str(err))
     if args.rate <= 0:
         p.error("--rate must be positive")
     if args.connections < 1:
@@ -87,9 +103,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _password(args: argparse.Namespace) -> str | None:
+    """The file of --password-file (or $MQTT_PASSWORD_FILE), else the secret mqtt_password in /run/secrets."""
     if args.password_file:
-        with open(args.password_file) as fh:
-            return fh.read().strip()
+        try:
+            return Path(args.password_file).read_text().strip()
+        except OSError as err:
+            raise settings.SettingsError(f"--password-file (MQTT_PASSWORD_FILE) {args.password_file}: cannot read "
+                                         f"it ({err.strerror})") from None
     return settings.secret("mqtt_password")
 
 
@@ -97,7 +117,7 @@ def _connect(args: argparse.Namespace, index: int, counters: Counters) -> mqtt.C
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{args.client_prefix}-{args.site}-{index}",
                          protocol=MQTTProtocolVersion.MQTTv5)
     if args.username:
-        client.username_pw_set(args.username, _password(args))
+        client.username_pw_set(args.username, args.password)
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     # QoS 1: called on PUBACK; QoS 0: called once the message is written to the socket.

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common import settings
+
 PROG = "iot-topics"
 CLEANUP_POLICIES = ("delete", "compact")
 SPEC_FIELDS = ("name", "partitions", "cleanup", "retention_ms")
@@ -380,22 +382,35 @@ def ensure(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ CLI
 
 
+# Options of `ensure`: --<name> flags, each also read from the variable shown (services/common/settings.py).
+OPTIONS: tuple[settings.Option, ...] = (
+    settings.Option("bootstrap", "TOPICS_BOOTSTRAP", None, "Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092",
+                    required=True),
+    settings.Option("spec", "TOPICS_SPEC", None,
+                    'JSON list of {"name", "partitions", "cleanup": "delete"|"compact", optional "retention_ms"}',
+                    required=True),
+    settings.Option("replication", "TOPICS_REPLICATION", 1, "replication factor of new topics", int),
+    settings.Option("min_insync", "TOPICS_MIN_INSYNC", 1, "min.insync.replicas of new topics", int),
+    settings.Option("retention_ms", "TOPICS_RETENTION_MS", None,
+                    "retention.ms of new cleanup=delete topics without their own retention_ms "
+                    "(unset: the broker's)", int),
+    settings.Option("wait_seconds", "TOPICS_WAIT_SECONDS", 600.0,
+                    "how long to wait for the cluster to answer with --replication brokers", float),
+)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("ensure", help="create the spec's missing topics, leave existing ones alone")
-    e.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092")
-    e.add_argument("--spec", required=True,
-                   help='JSON list of {"name", "partitions", "cleanup": "delete"|"compact", optional "retention_ms"}')
-    e.add_argument("--replication", type=int, default=1, help="replication factor of new topics (default 1)")
-    e.add_argument("--min-insync", type=int, default=1, help="min.insync.replicas of new topics (default 1)")
-    e.add_argument("--retention-ms", type=int, default=None,
-                   help="retention.ms of new cleanup=delete topics without their own retention_ms "
-                        "(default: the broker's)")
+    e = sub.add_parser("ensure", help="create the spec's missing topics, leave existing ones alone",
+                       epilog=settings.epilog(OPTIONS), formatter_class=argparse.RawDescriptionHelpFormatter)
+    settings.add_options(e, OPTIONS)
     e.add_argument("--dry-run", action="store_true", help="print what would be created, create nothing")
-    e.add_argument("--wait-seconds", type=float, default=600.0,
-                   help="how long to wait for the cluster to answer with --replication brokers (default 600)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        return settings.apply(e, OPTIONS, args)
+    except settings.SettingsError as err:   # a bad variable: a usage error too (exit 2)
+        e.error(str(err))
 
 
 def main(argv: list[str] | None = None) -> int:

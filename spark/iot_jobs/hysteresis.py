@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, replace
+
+from services.common import settings
 
 # Used when the configuration names no default (degrees Celsius).
 BUILTIN_DEFAULT = {"threshold": 30.0, "hysteresis": 2.0}
@@ -24,6 +25,12 @@ BUILTIN_DEFAULT = {"threshold": 30.0, "hysteresis": 2.0}
 
 class ConfigError(ValueError):
     """Bad job configuration; the message names the setting and the fix."""
+
+
+THRESHOLD_OPTIONS = (
+    settings.Option("thresholds_file", "THRESHOLDS_FILE", "", "path of the thresholds JSON"),
+    settings.Option("thresholds", "THRESHOLDS", "", "the thresholds JSON itself"),
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,8 @@ class ThresholdConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ThresholdConfig:
         """THRESHOLDS_FILE (path to JSON) or THRESHOLDS (inline JSON); neither: built-in default."""
-        env = os.environ if environ is None else environ
-        path, inline = env.get("THRESHOLDS_FILE", ""), env.get("THRESHOLDS", "")
+        values = settings.from_env(THRESHOLD_OPTIONS, environ)
+        path, inline = values["thresholds_file"], values["thresholds"]
         if path and inline:
             raise ConfigError("set THRESHOLDS_FILE or THRESHOLDS, not both")
         if path:

@@ -1,5 +1,7 @@
 """I/O wiring shared by the jobs: settings from env, session, Kafka source/sink, shutdown.
 
+Settings are services.common.settings Options read from the environment only.
+
 Nothing here transforms data; the transforms live in the other modules.
 """
 from __future__ import annotations
@@ -16,6 +18,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from services.common import settings
+from services.common.settings import Option, integer
+from services.common.settings import SettingsError as SettingsError  # the jobs' main() turns it into exit 1
+
 log = logging.getLogger("iot_stack.jobs")
 
 OFFSET_CHOICES = ("latest", "earliest")
@@ -25,31 +31,35 @@ _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 DEFAULT_STARTING_OFFSETS = "1 hour ago"
 
 
-class SettingsError(SystemExit):
-    """Exits the driver with the message (status 1) before any Spark work starts."""
+# Settings common to the jobs; the jobs' own come through env()/env_int(). Empty counts as unset.
+KAFKA_BOOTSTRAP_SERVERS = Option("bootstrap_servers", "KAFKA_BOOTSTRAP_SERVERS", None,
+                                 "Kafka bootstrap servers; see spark/README.md", required=True)
+CHECKPOINT_DIR = Option("checkpoint_dir", "CHECKPOINT_DIR", None,
+                        "checkpoint root, one directory per query; see spark/README.md", required=True)
+TRIGGER_INTERVAL = Option("trigger_interval", "TRIGGER_INTERVAL", "",
+                          "micro-batch interval, e.g. '2 seconds' (empty: next batch as soon as the last ends)")
+STOP_TIMEOUT_SECONDS = Option("stop_timeout_seconds", "STOP_TIMEOUT_SECONDS", 60,
+                              "seconds a query may finish its running micro-batch on SIGTERM", integer(0))
+LOG_LEVEL = Option("log_level", "IOT_STACK_LOG_LEVEL", "INFO", "log level of the driver")
 
-    def __init__(self, message: str) -> None:
-        super().__init__(f"configuration error: {message}")
+
+def _starting_offsets(text: str) -> str:
+    if text not in OFFSET_CHOICES and not text.startswith("{") and not _LOOKBACK.fullmatch(text):
+        raise ValueError("expected latest, earliest, '<n> seconds|minutes|hours|days ago' or a Spark offsets JSON")
+    return text
+
+
+STARTING_OFFSETS = Option("starting_offsets", "STARTING_OFFSETS", DEFAULT_STARTING_OFFSETS,
+                          "where a query without a checkpoint starts", _starting_offsets)
 
 
 def env(name: str, default: str | None = None) -> str:
-    value = os.environ.get(name, "").strip()
-    if value:
-        return value
-    if default is None:
-        raise SettingsError(f"{name} is required (see spark/README.md)")
-    return default
+    """One variable of a job (services.common.settings); without a default it is required."""
+    return settings.env(name, default, help="see spark/README.md")
 
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
-    raw = env(name, str(default))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise SettingsError(f"{name}={value} must be >= {minimum}")
-    return value
+    return settings.env(name, default, integer(minimum))
 
 
 @dataclass(frozen=True)
@@ -91,21 +101,17 @@ class KafkaSettings:
 
     @classmethod
     def from_env(cls) -> KafkaSettings:
-        options = {"kafka.bootstrap.servers": env("KAFKA_BOOTSTRAP_SERVERS")}
+        options = {"kafka.bootstrap.servers": settings.value(KAFKA_BOOTSTRAP_SERVERS)}
         # KAFKA_OPTION_SECURITY_PROTOCOL=SSL -> kafka.security.protocol=SSL (TLS, SASL...).
         for name, value in os.environ.items():
             if name.startswith("KAFKA_OPTION_") and value:
                 options["kafka." + name.removeprefix("KAFKA_OPTION_").lower().replace("_", ".")] = value
-        offsets = env("STARTING_OFFSETS", DEFAULT_STARTING_OFFSETS)
-        if offsets not in OFFSET_CHOICES and not offsets.startswith("{") and not _LOOKBACK.fullmatch(offsets):
-            raise SettingsError(f"STARTING_OFFSETS={offsets!r}: expected latest, earliest, "
-                                "'<n> seconds|minutes|hours|days ago' or a Spark offsets JSON")
-        return cls(options, offsets)
+        return cls(options, settings.value(STARTING_OFFSETS))
 
 
 def checkpoint(job: str, query: str) -> str:
     """<CHECKPOINT_DIR>/<query>: one directory per query of the job."""
-    root = env("CHECKPOINT_DIR")
+    root = settings.value(CHECKPOINT_DIR)
     if "://" not in root:
         Path(root).mkdir(parents=True, exist_ok=True)
     return f"{root.rstrip('/')}/{query}"
@@ -113,7 +119,7 @@ def checkpoint(job: str, query: str) -> str:
 
 def trigger_options() -> dict[str, str]:
     """TRIGGER_INTERVAL ('2 seconds'); unset: next micro-batch as soon as the last one ends."""
-    interval = env("TRIGGER_INTERVAL", "")
+    interval = settings.value(TRIGGER_INTERVAL)
     return {"processingTime": interval} if interval else {}
 
 
@@ -209,6 +215,7 @@ def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> N
     JVM handler would run the shutdown hooks and cut a batch in half (replayed,
     so duplicated in Kafka, on restart).
     """
+    stop_timeout = settings.value(STOP_TIMEOUT_SECONDS)   # read before anything starts: a bad value fails now
     stop = threading.Event()
     _catch_signals(spark, stop)
     queries = [writer.start() for writer in writers]
@@ -228,7 +235,7 @@ def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> N
         stop.wait(1.0)
     log.info("stopping: signal received")
     for query in queries:
-        deadline = time.monotonic() + env_int("STOP_TIMEOUT_SECONDS", 60)
+        deadline = time.monotonic() + stop_timeout
         # Let the running micro-batch commit first, so nothing is replayed.
         while query.status["isTriggerActive"] and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -287,5 +294,5 @@ class _JvmSignalHandler:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=os.environ.get("IOT_STACK_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=settings.value(LOG_LEVEL),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")

@@ -42,7 +42,7 @@ def webhook_from_env() -> Webhook | None:
                    backoff=float(runtime.env("WEBHOOK_BACKOFF_SECONDS", "1")))
 
 
-def main() -> None:
+def run() -> None:
     runtime.configure_logging()
     kafka = runtime.KafkaSettings.from_env()
     site = runtime.env("SITE", "datacenter")
@@ -67,6 +67,14 @@ def main() -> None:
               .option("checkpointLocation", checkpoint)
               .trigger(**(runtime.trigger_options() or {"processingTime": "0 seconds"})))
     runtime.run_until_stopped(spark, [writer])
+
+
+def main() -> None:
+    """run(); a bad setting (runtime.SettingsError) exits 1 with 'configuration error: ...' on stderr."""
+    try:
+        run()
+    except runtime.SettingsError as err:
+        sys.exit(f"configuration error: {err}")
 
 
 if __name__ == "__main__":

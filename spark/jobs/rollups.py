@@ -17,7 +17,7 @@ from services.common import names  # noqa: E402
 JOB = "rollups"
 
 
-def main() -> None:
+def run() -> None:
     runtime.configure_logging()
     kafka = runtime.KafkaSettings.from_env()
     site = runtime.env("SITE")
@@ -32,6 +32,14 @@ def main() -> None:
     writer = runtime.write_kafka(rollups.rollups_to_kafka(windows), kafka, "rollups-1m", checkpoint,
                                  topic=rollups_topic)
     runtime.run_until_stopped(spark, [writer])
+
+
+def main() -> None:
+    """run(); a bad setting (runtime.SettingsError) exits 1 with 'configuration error: ...' on stderr."""
+    try:
+        run()
+    except runtime.SettingsError as err:
+        sys.exit(f"configuration error: {err}")
 
 
 if __name__ == "__main__":

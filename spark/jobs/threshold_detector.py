@@ -18,7 +18,7 @@ from services.common import names  # noqa: E402
 JOB = "threshold-detector"
 
 
-def main() -> None:
+def run() -> None:
     runtime.configure_logging()
     kafka = runtime.KafkaSettings.from_env()
     site = runtime.env("SITE")
@@ -47,6 +47,14 @@ def main() -> None:
         writers.append(runtime.write_kafka(readings.dead_letters(parsed, dead_letter_topic), kafka,
                                            "dead-letter", dead_letter_checkpoint))
     runtime.run_until_stopped(spark, writers)
+
+
+def main() -> None:
+    """run(); a bad setting (runtime.SettingsError) exits 1 with 'configuration error: ...' on stderr."""
+    try:
+        run()
+    except runtime.SettingsError as err:
+        sys.exit(f"configuration error: {err}")
 
 
 if __name__ == "__main__":

@@ -227,6 +227,31 @@ def test_source_pattern_setting_wins_over_topic(monkeypatch):
         "subscribePattern": r".+\.temperature-data"}
 
 
+def test_runtime_settings_error_is_the_one_of_services_common():
+    from iot_jobs import runtime
+
+    from services.common import settings
+    assert runtime.SettingsError is settings.SettingsError and issubclass(runtime.SettingsError, ValueError)
+
+
+@pytest.mark.parametrize(("job", "environ", "message"), [
+    ("rollups", {}, "configuration error: KAFKA_BOOTSTRAP_SERVERS is required"),
+    ("threshold_detector", {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "SITE": "a", "STATE_TTL_SECONDS": "0"},
+     "configuration error: STATE_TTL_SECONDS='0': must be >= 1"),
+    ("threshold_detector", {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "SITE": "a", "THRESHOLDS": "{nope"},
+     "configuration error: THRESHOLDS: not valid JSON"),
+    ("notifier", {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "STARTING_OFFSETS": "newest"},
+     "configuration error: STARTING_OFFSETS='newest'"),
+])
+def test_runtime_settings_error_exits_the_job_1_before_spark_starts(job, environ, message, tmp_path):
+    import subprocess
+    script = Path(__file__).resolve().parents[3] / "spark" / "jobs" / f"{job}.py"
+    result = subprocess.run([sys.executable, str(script)], env={"PATH": "/usr/bin:/bin", **environ}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 # ------------------------------------------------------------------ webhook
 
 class ScriptedServer:

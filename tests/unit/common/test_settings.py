@@ -1,0 +1,184 @@
+"""services.common.settings: one table of Options read from flags, the environment and secret files."""
+from __future__ import annotations
+
+import pytest
+
+from services.adapter import settings as adapter_settings
+from services.bridge import settings as bridge_settings
+from services.common import settings
+from services.common.settings import Option, SettingsError
+from services.tools import registrar, simulator, topics
+
+OPTIONS = (
+    Option("host", "DEMO_HOST", "localhost", "broker host"),
+    Option("port", "DEMO_PORT", 1883, "broker port", int),
+    Option("ratio", "DEMO_RATIO", 0.5, "a fraction", float),
+    Option("verbose", "DEMO_VERBOSE", False, "say more", bool),
+    Option("site", "DEMO_SITE", None, "site alias", required=True),
+    Option("qos", "DEMO_QOS", 1, "MQTT QoS", int, choices=(0, 1)),
+    Option("demo_password", secret=True, help="password of the demo user"),
+)
+
+
+def parse(argv: list[str], environ: dict[str, str], secrets_dir=None):
+    parser = settings.build_parser(OPTIONS, prog="demo")
+    return settings.parse_args(parser, OPTIONS, argv, environ, secrets_dir)
+
+
+def test_flag_wins_over_environment_which_wins_over_default(tmp_path):
+    environ = {"DEMO_SITE": "site-a", "DEMO_PORT": "1884", "DEMO_HOST": "env-host"}
+    args = parse(["--host", "flag-host"], environ, tmp_path)
+    assert (args.host, args.port, args.ratio, args.site) == ("flag-host", 1884, 0.5, "site-a")
+    assert parse(["--port", "1999"], environ, tmp_path).port == 1999
+    assert parse([], {"DEMO_SITE": "s"}, tmp_path).port == 1883
+
+
+def test_empty_variable_counts_as_unset_and_values_are_cast_by_type(tmp_path):
+    args = parse(["--verbose"], {"DEMO_SITE": "s", "DEMO_HOST": "", "DEMO_RATIO": " 0.25 "}, tmp_path)
+    assert (args.host, args.ratio, args.verbose) == ("localhost", 0.25, True)
+    assert parse([], {"DEMO_SITE": "s", "DEMO_VERBOSE": "false"}, tmp_path).verbose is False
+    assert parse([], {"DEMO_SITE": "s", "DEMO_VERBOSE": "yes"}, tmp_path).verbose is True
+
+
+def test_bad_int_in_the_environment_names_the_variable_and_the_fix(tmp_path):
+    with pytest.raises(SettingsError, match=r"DEMO_PORT='lots' is not a valid int \(expected a whole number; "
+                                            r"unset it for the default 1883\)"):
+        parse([], {"DEMO_SITE": "s", "DEMO_PORT": "lots"}, tmp_path)
+    with pytest.raises(SettingsError, match="DEMO_QOS='2' is not one of 0, 1"):
+        parse([], {"DEMO_SITE": "s", "DEMO_QOS": "2"}, tmp_path)
+    with pytest.raises(SettingsError, match="DEMO_VERBOSE='maybe' is not a valid boolean"):
+        parse([], {"DEMO_SITE": "s", "DEMO_VERBOSE": "maybe"}, tmp_path)
+
+
+def test_bad_flag_value_names_the_flag(capsys):
+    parser = settings.build_parser(OPTIONS, prog="demo")
+    args = parser.parse_args(["--port", "lots"])
+    with pytest.raises(SettingsError, match="--port='lots' is not a valid int"):
+        settings.resolve(OPTIONS, args, {"DEMO_SITE": "s"})
+    with pytest.raises(SystemExit) as exit_info:     # through parse_args: argparse's usage error
+        settings.parse_args(parser, OPTIONS, ["--port", "lots"], {"DEMO_SITE": "s"})
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: demo" in err and "--port='lots' is not a valid int" in err
+
+
+def test_unknown_flag_and_missing_required_option_print_usage_and_exit_2(capsys, tmp_path):
+    for argv in (["--no-such-flag"], []):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(argv, {}, tmp_path)
+        assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: demo" in err and "required: --site (or set DEMO_SITE)" in err
+
+
+def test_environment_only_resolution_names_a_missing_variable():
+    assert settings.from_env(OPTIONS[:2], {"DEMO_PORT": "1"}) == {"host": "localhost", "port": 1}
+    with pytest.raises(SettingsError, match=r"DEMO_SITE is required \(site alias\)"):
+        settings.from_env(OPTIONS, {})
+    with pytest.raises(SettingsError, match="DEMO_N='0': must be >= 1"):
+        settings.from_env([Option("n", "DEMO_N", 5, "count", settings.integer(1))], {"DEMO_N": "0"})
+
+
+def test_secret_is_read_from_the_file_named_by_its_file_variable(tmp_path):
+    path = tmp_path / "pw"
+    path.write_text("s3cret\n")
+    args = parse([], {"DEMO_SITE": "s", "DEMO_PASSWORD_FILE": str(path)}, tmp_path / "empty")
+    assert args.demo_password == "s3cret"
+
+
+def test_secret_is_read_from_the_secrets_directory(tmp_path, monkeypatch):
+    (tmp_path / "demo_password").write_text("from-dir\n")
+    assert parse([], {"DEMO_SITE": "s"}, secrets_dir=tmp_path).demo_password == "from-dir"
+    monkeypatch.setattr(settings, "SECRETS_DIR", tmp_path)
+    assert settings.from_env([OPTIONS[-1]], {}) == {"demo_password": "from-dir"}
+
+
+def test_secret_is_never_read_from_the_environment_or_a_flag(tmp_path, capsys):
+    environ = {"DEMO_SITE": "s", "DEMO_PASSWORD": "leaked", "demo_password": "leaked"}
+    assert parse([], environ, tmp_path).demo_password is None
+    with pytest.raises(SystemExit):
+        parse(["--demo-password", "leaked"], environ, tmp_path)
+    assert "unrecognized arguments: --demo-password" in capsys.readouterr().err
+
+
+def test_missing_required_secret_names_the_file_and_the_file_variable(tmp_path):
+    required = Option("demo_password", secret=True, required=True, help="password")
+    with pytest.raises(SettingsError, match=f"secret demo_password not found at {tmp_path}/demo_password "
+                                            r"\(mount it or set DEMO_PASSWORD_FILE\)"):
+        settings.from_env([required], {}, tmp_path)
+    with pytest.raises(SettingsError, match="not found at /nonexistent/pw .*DEMO_PASSWORD_FILE"):
+        settings.secret("demo_password", required=True, environ={"DEMO_PASSWORD_FILE": "/nonexistent/pw"})
+
+
+def test_help_shows_each_flags_variable_and_default_and_where_secrets_come_from():
+    text = " ".join(settings.build_parser(OPTIONS, prog="demo").format_help().split())
+    assert "(env DEMO_PORT, default 1883)" in text and "(env DEMO_SITE, required)" in text
+    assert "--qos {0,1}" in text
+    assert "demo_password: password of the demo user (the file named by $DEMO_PASSWORD_FILE" in text
+
+
+PROGRAMS = {
+    "iot-bridge": (bridge_settings.OPTIONS, lambda: bridge_settings.build_parser().format_help()),
+    "iot-cassandra-adapter": (adapter_settings.OPTIONS, lambda: adapter_settings.parser().format_help()),
+    "iot-topics ensure": (topics.OPTIONS, None),
+    "iot-simulator": (simulator.OPTIONS, None),
+    "iot-registrar": (registrar.OPTIONS, None),
+    "iot-registrar fleet": (registrar.FLEET_OPTIONS, None),
+}
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_option_of_every_program_has_help_text_and_an_environment_variable(program, capsys):
+    options, help_text = PROGRAMS[program]
+    if help_text is None:
+        main = {"iot-topics": topics.main, "iot-simulator": simulator.main, "iot-registrar": registrar.main}
+        name, *sub = program.split()
+        with pytest.raises(SystemExit) as exit_info:
+            main[name]([*sub, "--help"])
+        assert exit_info.value.code == 0
+        text = capsys.readouterr().out
+    else:
+        text = help_text()
+    assert options
+    for option in options:
+        assert option.help.strip() and option.env, option.name
+        assert option.env in text, (program, option.name)
+        assert (option.name if option.secret else option.flag) in text, (program, option.name)
+
+
+def test_tools_read_their_settings_from_the_environment_too(monkeypatch):
+    monkeypatch.setenv("SIMULATOR_SITE", "site-z")
+    monkeypatch.setenv("SIMULATOR_RATE", "250")
+    args = simulator.parse_args(["--count", "1"])
+    assert (args.site, args.rate, args.count) == ("site-z", 250.0, 1)
+    monkeypatch.setenv("TOPICS_BOOTSTRAP", "k:9092")
+    args = topics.parse_args(["ensure", "--spec", "[]", "--replication", "2"])
+    assert (args.bootstrap, args.spec, args.replication, args.min_insync) == ("k:9092", "[]", 2, 1)
+    monkeypatch.setenv("REGISTRAR_BOOTSTRAP_SERVERS", "k:9092")
+    monkeypatch.setenv("REGISTRAR_DEVICES", "3")
+    args = registrar.parse_args(["fleet", "--site", "s"])
+    assert (args.bootstrap_servers, args.devices, args.sensors_per_device) == ("k:9092", 3, 2)
+
+
+def test_a_bad_variable_of_a_tool_is_a_usage_error_naming_it(monkeypatch, capsys):
+    monkeypatch.setenv("SIMULATOR_PORT", "mqtt")
+    with pytest.raises(SystemExit) as exit_info:
+        simulator.parse_args(["--site", "a"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: iot-simulator" in err and "SIMULATOR_PORT='mqtt' is not a valid int" in err
+
+
+def test_simulator_password_comes_from_password_file_else_the_mqtt_password_secret(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "pw"
+    path.write_text("from-flag\n")
+    args = simulator.parse_args(["--site", "a", "--username", "u", "--password-file", str(path)])
+    assert args.password == "from-flag"
+    (tmp_path / "mqtt_password").write_text("from-secret\n")
+    monkeypatch.setattr(settings, "SECRETS_DIR", tmp_path)
+    monkeypatch.delenv("MQTT_PASSWORD_FILE", raising=False)
+    assert simulator.parse_args(["--site", "a", "--username", "u"]).password == "from-secret"
+    with pytest.raises(SystemExit) as exit_info:
+        simulator.parse_args(["--site", "a", "--username", "u", "--password-file", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert "--password-file (MQTT_PASSWORD_FILE)" in capsys.readouterr().err
