@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 
+from services.common import names
 from tooling import progress
 
 TOPIC = "bench-readings"
@@ -56,7 +57,8 @@ def _produce(bootstrap: str, records: int, sensors: int) -> tuple[int, int]:
         sensor = f"s-{i % sensors}"
         ts = start + i
         value = json.dumps({"sensor_id": sensor, "timestamp": ts, "temperature": 20 + (i % 50) / 10, "unit": "C"})
-        producer.produce(TOPIC, key=sensor, value=value, headers=[("site", SITE), ("ingest_ms", str(ts + 2))])
+        producer.produce(TOPIC, key=sensor, value=value,
+                         headers=[(names.HEADER_SITE, SITE), (names.HEADER_INGEST_MS, str(ts + 2))])
         if i % 5000 == 0:
             producer.poll(0)
             progress.log("produce", f"{i}/{records}", every=2)
@@ -95,10 +97,11 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
     """The thesis adapter's loop: one record, one blocking INSERT, repeat."""
     from confluent_kafka import Consumer
 
-    from services import contracts
-    from services.adapter.schema import build_row, create_keyspace_cql, create_table_cql, insert_cql, layout
+    from services.adapter.schema import create_keyspace_cql, create_table_cql, insert_cql, layout, row_builder
+    from services.common import contracts
 
     lay = layout(contracts.READING.name)
+    build = row_builder(lay)          # the adapter's row builder: the baseline differs only in how it writes
     session.execute(create_keyspace_cql("bench_sync", {"dc1": 1}), timeout=60)
     session.execute(create_table_cql("bench_sync", "readings", lay), timeout=60)
     insert = session.prepare(insert_cql("bench_sync", "readings", lay))
@@ -115,7 +118,7 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
                 continue
             record = contracts.READING.validate(json.loads(msg.value()))
             headers = dict(msg.headers())
-            row = build_row(lay, record, headers["site"].decode(), int(headers["ingest_ms"]))
+            row = build(record, headers[names.HEADER_SITE].decode(), int(headers[names.HEADER_INGEST_MS]))
             session.execute(insert, row.bind(int(time.time() * 1000), True))
             written[0] += 1
 

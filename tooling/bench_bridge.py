@@ -39,6 +39,7 @@ from services.bridge import metrics
 from services.bridge.app import Bridge
 from services.bridge.rules import Mapping
 from services.bridge.settings import BridgeSettings
+from services.common import names
 from services.common.observability import StopFlag
 from tooling.progress import log
 from tooling.testbed.docker_lab import Lab, docker, free_port, image, wait_until
@@ -55,7 +56,9 @@ class NaiveBridge(Bridge):
 
     def _on_message(self, topic, payload, mid, qos, user) -> None:
         super()._on_message(topic, payload, mid, qos, user)
-        self.window.delivered(self.window.added)     # counts as done at once: nothing waits for Kafka
+        entry = self.window.get(self.window.added)
+        if entry is not None:
+            entry.delivered = True                   # counts as done at once: nothing waits for Kafka
 
 
 def _subscribe_session(host: str, variant: str, expiry: int) -> None:
@@ -64,7 +67,8 @@ def _subscribe_session(host: str, variant: str, expiry: int) -> None:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{variant}",
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(USER, PASSWORD)
-    client.on_connect = lambda c, *_: c.subscribe(f"$share/bench-{variant}/sites/+/sensors/+/temperature", qos=1)
+    readings = names.MQTT_READINGS.format(site="+", sensor_id="+")
+    client.on_connect = lambda c, *_: c.subscribe(f"$share/bench-{variant}/{readings}", qos=1)
     client.on_subscribe = lambda *_: done.set()
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = expiry
@@ -83,8 +87,9 @@ def _publish(lab: Lab, messages: int, publishers: int) -> float:
     for n in range(publishers):
         fmt = '{"sensor_id":"s<n>","timestamp":%d,"temperature":21.5,"unit":"C"}'.replace("<n>", str(n))
         awk = "{printf \"" + fmt.replace('"', '\\"') + "\\n\", $1}"
+        topic = names.MQTT_READINGS.format(site=SITE, sensor_id=f"s{n}")
         jobs.append(f"seq {n * per} {(n + 1) * per - 1} | awk {shlex.quote(awk)} | mosquitto_pub -q 1 -M 1000 -l "
-                    f"-u {USER} -P {PASSWORD} -i pub-{n} -t sites/{SITE}/sensors/s{n}/temperature &")
+                    f"-u {USER} -P {PASSWORD} -i pub-{n} -t {topic} &")
     script = " ".join(jobs)
     start = time.monotonic()
     result = lab.exec("mosquitto", "sh", "-c", f"{script} wait", timeout=600)
@@ -121,7 +126,7 @@ def _run_bridge(variant: str, cls: type[Bridge], mqtt_host: str, kafka: str, mes
     s = BridgeSettings(mqtt_host=mqtt_host, mqtt_username=USER, mqtt_password=PASSWORD,
                        client_id=f"bench-{variant}", share_group=f"bench-{variant}", kafka_bootstrap=kafka,
                        site=SITE, window=window, commands_topic=None, metrics_port=0, drain_s=5)
-    mapping = Mapping.from_dicts([{"mqtt": "sites/{site}/sensors/{sensor_id}/temperature",
+    mapping = Mapping.from_dicts([{"mqtt": names.MQTT_READINGS,
                                    "kafka_topic": f"bench-{variant}", "key": "{sensor_id}",
                                    "contract": "temperature-reading"}])
     bridge = cls(s, mapping, stop)

@@ -15,7 +15,8 @@ outage lasts; failed writes are retried with exponential backoff (0.25 s to
 
 Records that can never be written (invalid JSON, a contract violation, no site,
 a value Cassandra rejects with InvalidRequest) go to `dead-letter` with the
-original key, value and headers plus dlq_source, dlq_reason and dlq_time_ms.
+original key, value and headers plus dlq_source, dlq_reason ("<reason>: <detail>"),
+dlq_time_ms and dlq_offset (services.common.dead_letter builds them for every service).
 
 CPU per record: on a small node the adapter shares the cores with Kafka and
 Cassandra, and its main thread shares the GIL with the driver's I/O thread, so
@@ -33,6 +34,9 @@ before the write) and the two differences in milliseconds, so for one sensor-day
 
 and fleet-wide the same without WHERE (a full scan: for measurements, not
 dashboards). Run with --help for the options, --print-schema for the CQL.
+
+Modules: this one holds the Adapter loop and main(); adapter.metrics the Prometheus
+metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.
 """
 from __future__ import annotations
 
@@ -40,38 +44,42 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-
+from services.adapter import metrics
+from services.adapter.cassandra import Stop, connect_cassandra, schema_statements
 from services.adapter.mappings import Mapping, MappingError, Router, load_mappings
-from services.adapter.schema import Row, create_keyspace_cql, create_table_cql, resolve_site, row_builder
+from services.adapter.metrics import exposition
+from services.adapter.schema import Row, RowError, row_builder, row_site
 from services.adapter.settings import Settings, load, parser
 from services.adapter.writer import Item, Writer
 from services.common import names
+from services.common.backoff import Backoff
+from services.common.contracts import ContractError
+from services.common.dead_letter import (
+    CONTRACT_VIOLATION,
+    INVALID_JSON,
+    UNMAPPED,
+    UNPROCESSABLE,
+    DeadLetter,
+    dead_letter,
+)
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
 from services.common.offsets import OffsetTracker
 from services.common.settings import SettingsError
 
 log = logging.getLogger("cassandra-adapter")
 
-CONSUMED = Counter("iot_adapter_consumed_total", "Records consumed", ["table"])
-WRITTEN = Counter("iot_adapter_written_total", "Rows written to Cassandra", ["table"])
-DEAD_LETTERED = Counter("iot_adapter_dead_lettered_total", "Records sent to dead-letter", ["topic"])
-SKIPPED = Counter("iot_adapter_tombstones_total", "Null-value records (compaction tombstones), nothing to write")
-RETRIED = Counter("iot_adapter_write_retries_total", "Cassandra requests that failed and were scheduled again")
-IN_FLIGHT = Gauge("iot_adapter_in_flight", "Records consumed and not yet written or dead-lettered")
-PAUSED = Gauge("iot_adapter_paused", "1 while consumption is paused (window full, Cassandra slow or down)")
-WRITE_SECONDS = Histogram("iot_adapter_write_seconds", "Latency of one Cassandra request (a row or a batch)",
-                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10))
-
 PAUSE_AFTER_FULL_S = 1.0    # a full window that frees up within this is normal load, not an outage
 STOP_GRACE_S = 20.0         # finish in-flight writes on SIGTERM; keep Swarm's stop_grace_period above it
+REVOKE_GRACE_S = 10.0       # finish in-flight writes of partitions taken away in a rebalance
 BATCH_MAX = 5000            # records taken from the consumer per loop turn (more rows per partition batch)
+SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S = 1.0, 15.0
 
-
-class Stop(Protocol):
-    def is_set(self) -> bool: ...
+# Dead-letter reason of the adapter alone (the generic ones are in services.common.dead_letter):
+# the row cannot be bound to the table, or Cassandra answered InvalidRequest.
+UNWRITABLE = "unwritable"
 
 
 class _Route:
@@ -99,45 +107,6 @@ def _json(value: bytes) -> Any:
     return json.loads(value)
 
 
-def schema_statements(settings: Settings, mappings: tuple[Mapping, ...]) -> list[str]:
-    tables = {m.table: m.layout for m in mappings}
-    return [create_keyspace_cql(settings.keyspace, settings.replication)] + [
-        create_table_cql(settings.keyspace, table, lay) for table, lay in tables.items()]
-
-
-def connect_cassandra(settings: Settings, stop: Stop):
-    """A driver session, retrying until Cassandra answers (Swarm starts services in any order)."""
-    from cassandra import ConsistencyLevel, UnresolvableContactPoints
-    from cassandra.auth import PlainTextAuthProvider
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
-    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
-
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc or None)),
-        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
-        request_timeout=settings.write_timeout)
-    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
-    delay = 1.0
-    while not stop.is_set():
-        cluster = None
-        try:
-            # Reconnect within 10 s after an outage; the driver's default backs off to 10 minutes.
-            # In Swarm a service's name resolves only once its task is healthy, so even
-            # the contact points may be unresolvable for a while.
-            cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
-                              execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
-                              reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
-            return cluster.connect()
-        except (NoHostAvailable, UnresolvableContactPoints, OSError) as err:
-            if cluster is not None:
-                cluster.shutdown()
-            log.warning("cassandra not reachable, retrying", extra=kv(
-                hosts=",".join(settings.cassandra_hosts), retry_s=delay, error=str(err)[:300]))
-            time.sleep(delay)
-            delay = min(delay * 2, 15.0)
-    return None
-
-
 class Adapter:
     def __init__(self, settings: Settings, mappings: tuple[Mapping, ...], stop: Stop):
         self.settings, self.stop = settings, stop
@@ -151,7 +120,7 @@ class Adapter:
         self.paused = False
         self.full_since: float | None = None
         self.dlq_pending = 0
-        self._dlq_retry: list[tuple[Any, str]] = []
+        self._dlq_retry: list[tuple[Any, DeadLetter]] = []      # (source message, its dead-letter record)
         self.written = 0          # rows, for benchmarks and logs
         self.dead_lettered = 0
         self.heartbeat = 0.0
@@ -199,15 +168,15 @@ class Adapter:
         return True
 
     def _retry_until_done(self, what: str, action) -> None:
-        delay = 1.0
+        backoff = Backoff(SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S)
         while not self.stop.is_set():
             try:
                 action()
                 return
             except Exception as err:  # noqa: BLE001 - Cassandra may still be starting: keep trying
+                delay = backoff.next()
                 log.warning(f"{what} failed, retrying", extra=kv(retry_s=delay, error=str(err)[:300]))
                 time.sleep(delay)
-                delay = min(delay * 2, 15.0)
 
     # ---------------------------------------------------------------- main loop
 
@@ -229,11 +198,8 @@ class Adapter:
     def _tick(self) -> None:
         outstanding = self.writer.in_flight + self.dlq_pending
         room = self.settings.window - outstanding
-        self._collect(wait_s=0.05 if room <= 0 else 0.0)
-        self.producer.poll(0)
-        self._resend_dead_letters()
-        self.writer.send_due_retries()
-        IN_FLIGHT.set(self.writer.in_flight + self.dlq_pending)
+        self._serve_outcomes(wait_s=0.05 if room <= 0 else 0.0)
+        metrics.IN_FLIGHT.set(self.writer.in_flight + self.dlq_pending)
         room = self.settings.window - self.writer.in_flight - self.dlq_pending
         now = time.monotonic()
         if room <= 0:
@@ -265,7 +231,7 @@ class Adapter:
             self.consumer.resume(assignment)
             log.info("consumption resumed", extra=kv(in_flight=self.writer.in_flight))
         self.paused = pause
-        PAUSED.set(1 if pause else 0)
+        metrics.PAUSED.set(1 if pause else 0)
 
     # ---------------------------------------------------------------- records in
 
@@ -284,24 +250,26 @@ class Adapter:
             route = routes.get(topic) or self._route(topic)
             mapping = route.mapping
             if mapping is None:
-                self._dead_letter(msg, f"no table mapping for topic {topic} (add it to ADAPTER_MAPPINGS_FILE)")
+                self._dead_letter(msg, UNMAPPED,
+                                  f"no table mapping for topic {topic} (add it to ADAPTER_MAPPINGS_FILE)")
                 continue
             consumed[mapping.table] = consumed.get(mapping.table, 0) + 1
             if msg.value() is None:
-                SKIPPED.inc()         # a deletion marker on a compacted topic: no row to write
+                metrics.SKIPPED.inc()     # a deletion marker on a compacted topic: no row to write
                 self.tracker.finished(tp, offset)
                 continue
             try:
                 items.append(Item(msg, tp, offset, mapping, self._row(msg, route, topic)))
             except json.JSONDecodeError as err:
-                self._dead_letter(msg, f"invalid JSON for {mapping.contract.name}: {err}")
+                self._dead_letter(msg, INVALID_JSON, f"invalid JSON for {mapping.contract.name}: {err}")
             except (ValueError, TypeError) as err:   # ContractError and RowError are ValueErrors
-                self._dead_letter(msg, str(err))
+                reason = CONTRACT_VIOLATION if isinstance(err, (ContractError, RowError)) else UNPROCESSABLE
+                self._dead_letter(msg, reason, str(err))
         for table, n in consumed.items():
-            CONSUMED.labels(table).inc(n)
+            metrics.CONSUMED.labels(table).inc(n)
         if items:
-            for item, reason in self.writer.send(items):
-                self._dead_letter(item.msg, reason)
+            for item, detail in self.writer.send(items):
+                self._dead_letter(item.msg, UNWRITABLE, detail)
 
     def _route(self, topic: str) -> _Route:
         route = self._routes[topic] = _Route(self.router.route(topic))
@@ -318,10 +286,23 @@ class Adapter:
                     ingest_ms = int(value)
                 except ValueError:
                     ingest_ms = None     # a broken latency header must not cost the reading
-        site = resolve_site(record, header_site, topic, self.settings.default_site or None)
+        site = row_site(record, header_site, topic, self.settings.default_site or None)
         return route.build(record, site, ingest_ms)
 
     # ---------------------------------------------------------------- outcomes
+
+    def _serve_outcomes(self, wait_s: float) -> None:
+        """One round of everything that finishes records: collect writes (waiting up to wait_s for the
+        first), serve the producer's delivery reports, resend failed dead letters, send due write retries."""
+        self._collect(wait_s)
+        self.producer.poll(0)
+        self._resend_dead_letters()
+        self.writer.send_due_retries()
+
+    def _drain(self, until: Callable[[], bool], deadline: float) -> None:
+        """Serve outcomes until `until()` is true or the (monotonic) deadline has passed."""
+        while not until() and time.monotonic() < deadline:
+            self._serve_outcomes(wait_s=0.05)
 
     def _collect(self, wait_s: float) -> None:
         written, rejected, latencies = self.writer.collect(wait_s)
@@ -333,47 +314,43 @@ class Adapter:
             for item in written:
                 counts[item.mapping.table] = counts.get(item.mapping.table, 0) + 1
             for table, n in counts.items():
-                WRITTEN.labels(table).inc(n)
+                metrics.WRITTEN.labels(table).inc(n)
         for seconds in latencies:
-            WRITE_SECONDS.observe(seconds)
-        for item, reason in rejected:
-            self._dead_letter(item.msg, reason)
+            metrics.WRITE_SECONDS.observe(seconds)
+        for item, detail in rejected:
+            self._dead_letter(item.msg, UNWRITABLE, detail)
         if self.writer.retries_total > self._retries_seen:
-            RETRIED.inc(self.writer.retries_total - self._retries_seen)
+            metrics.RETRIED.inc(self.writer.retries_total - self._retries_seen)
             self._retries_seen = self.writer.retries_total
 
-    def _dead_letter(self, msg: Any, reason: str) -> None:
-        headers = list(msg.headers() or []) + [
-            (names.HEADER_DLQ_SOURCE, msg.topic()),
-            (names.HEADER_DLQ_REASON, reason),
-            (names.HEADER_DLQ_TIME_MS, str(int(time.time() * 1000))),
-            ("dlq_offset", f"{msg.partition()}:{msg.offset()}"),
-        ]
+    def _dead_letter(self, msg: Any, reason: str, detail: str) -> None:
+        record = dead_letter(self.settings.dead_letter_topic, msg.topic(), msg.key(), msg.value(), reason, detail,
+                             int(time.time() * 1000), msg.headers(), msg.partition(), msg.offset())
         log.warning("dead-letter", extra=kv(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                                            reason=reason[:300]))
+                                            reason=reason, detail=detail[:300]))
         self.dlq_pending += 1
-        self._produce_dead_letter(msg, headers)
+        self._produce_dead_letter(msg, record)
 
-    def _produce_dead_letter(self, msg: Any, headers: list) -> None:
-        def delivered(err, _record, msg=msg, headers=headers) -> None:
+    def _produce_dead_letter(self, msg: Any, record: DeadLetter) -> None:
+        def delivered(err, _record, msg=msg, record=record) -> None:
             if err is not None:
                 log.warning("dead-letter delivery failed, retrying", extra=kv(error=err))
-                self._dlq_retry.append((msg, headers))
+                self._dlq_retry.append((msg, record))
                 return
             self.dlq_pending -= 1
             self.dead_lettered += 1
-            DEAD_LETTERED.labels(msg.topic()).inc()
+            metrics.DEAD_LETTERED.labels(msg.topic()).inc()
             self.tracker.finished((msg.topic(), msg.partition()), msg.offset())
         try:
-            self.producer.produce(self.settings.dead_letter_topic, key=msg.key(), value=msg.value(),
-                                  headers=headers, on_delivery=delivered)
+            self.producer.produce(record.topic, key=record.key, value=record.value, headers=record.headers,
+                                  on_delivery=delivered)
         except BufferError:
-            self._dlq_retry.append((msg, headers))
+            self._dlq_retry.append((msg, record))
 
     def _resend_dead_letters(self) -> None:
         retry, self._dlq_retry = self._dlq_retry, []
-        for msg, headers in retry:
-            self._produce_dead_letter(msg, headers)
+        for msg, record in retry:
+            self._produce_dead_letter(msg, record)
 
     # ---------------------------------------------------------------- offsets
 
@@ -406,11 +383,8 @@ class Adapter:
     def _on_revoke(self, _consumer, partitions) -> None:
         """Finish (briefly) what is in flight for the partitions we lose, commit, forget them."""
         tps = [(p.topic, p.partition) for p in partitions]
-        deadline = time.monotonic() + 10
-        while any(self.tracker.outstanding(tp) for tp in tps) and time.monotonic() < deadline:
-            self._collect(wait_s=0.05)
-            self.producer.poll(0)
-            self.writer.send_due_retries()
+        self._drain(until=lambda: not any(self.tracker.outstanding(tp) for tp in tps),
+                    deadline=time.monotonic() + REVOKE_GRACE_S)
         self._commit(asynchronous=False)
         for tp in tps:
             self.tracker.drop(tp)
@@ -430,12 +404,8 @@ class Adapter:
             return
         try:
             self.consumer.pause(self.consumer.assignment())
-            deadline = time.monotonic() + STOP_GRACE_S
-            while self.writer.in_flight + self.dlq_pending > 0 and time.monotonic() < deadline:
-                self._collect(wait_s=0.05)
-                self.producer.poll(0)
-                self._resend_dead_letters()
-                self.writer.send_due_retries()
+            self._drain(until=lambda: self.writer.in_flight + self.dlq_pending <= 0,
+                        deadline=time.monotonic() + STOP_GRACE_S)
             self._commit(asynchronous=False)
             self.producer.flush(5)
             log.info("stopped", extra=kv(written=self.written, dead_lettered=self.dead_lettered,
@@ -466,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("cassandra-adapter", settings.log_level)
     adapter = Adapter(settings, mappings, StopFlag())
     if settings.metrics_port:
-        serve_http(settings.metrics_port, adapter.health)
+        serve_http(settings.metrics_port, adapter.health, exposition)
     return adapter.run()
 
 

@@ -24,6 +24,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from services.common import contracts
+from services.common.site import resolve_site
 
 MS_PER_DAY = 86_400_000
 _EPOCH = dt.date(1970, 1, 1)
@@ -176,43 +177,27 @@ def utc_day(epoch_ms: int) -> Day:
     return _day(epoch_ms // MS_PER_DAY)
 
 
-def site_from_topic(topic: str) -> str | None:
-    """MirrorMaker 2 prefixes mirrored topics with the source alias: 'site-a.temperature-data'."""
-    prefix, dot, _ = topic.partition(".")
-    return prefix if dot and prefix else None
-
-
-def resolve_site(record: dict[str, Any], header_site: str | None, topic: str, default_site: str | None) -> str:
-    """The record's own site field, else the `site` header, else the topic prefix, else the default."""
-    site = record.get("site") or header_site or site_from_topic(topic) or default_site
+def row_site(record: dict[str, Any], header_site: str | None, topic: str, default_site: str | None) -> str:
+    """The row's site by the one rule (services.common.site.resolve_site: the `site` header, else the
+    record's `site` field, else the '<site>.' topic prefix, else the default); RowError if there is none."""
+    site = resolve_site(header=header_site, field=record.get("site"), topic=topic, default=default_site)
     if not site:
-        raise RowError(f"no site for a record on {topic}: no 'site' field or header, no '<site>.' topic "
+        raise RowError(f"no site for a record on {topic}: no 'site' header or field, no '<site>.' topic "
                        "prefix, and ADAPTER_DEFAULT_SITE is not set")
     return site
-
-
-def build_row(lay: Layout, record: dict[str, Any], site: str, ingest_ms: int | None) -> Row:
-    """Row values of a validated record (see Contract.validate)."""
-    values: list[Any] = [site]
-    event_ms = record[lay.time_field] if lay.time_field else None
-    if event_ms is not None:
-        values.append(utc_day(event_ms))
-    values += [record[field] for _, _, field in lay.columns]
-    values.append(ingest_ms)
-    if lay.latency:
-        values.append(None if ingest_ms is None else ingest_ms - event_ms)
-    return Row(tuple(values), event_ms, tuple(values[i] for i in lay.partition_indexes))
 
 
 RowBuilder = Callable[[dict[str, Any], str, "int | None"], Row]
 
 
 def row_builder(lay: Layout) -> RowBuilder:
-    """build_row for one layout with the per-layout work done once: same rows, a few times cheaper.
+    """The row builder of one layout: build(validated record, site, ingest_ms) -> Row.
 
-    The adapter builds one row per record, so looking up the layout's fields,
-    time field and partition indexes for every record was a measurable share
-    of its CPU. Falls back to build_row for the unusual case (no event time)."""
+    Row values: site, [day of the event time], the contract columns, ingest time
+    [and ingest latency]. The per-layout work (fields, time field, partition
+    indexes) is done once here, because the adapter builds one row per record and
+    that lookup was a measurable share of its CPU. tests/unit/adapter/reference.py
+    keeps the plain per-record version that the tests pin this to."""
     fields = tuple(field for _, _, field in lay.columns)
     get = itemgetter(*fields) if len(fields) > 1 else (lambda record: (record[fields[0]],))
     pidx = lay.partition_indexes
@@ -220,8 +205,8 @@ def row_builder(lay: Layout) -> RowBuilder:
     time_field, latency = lay.time_field, lay.latency
 
     if time_field is None:
-        if latency:     # no such layout today; the generic path stays exact
-            return functools.partial(build_row, lay)
+        if latency:     # no such layout: latency is measured from the event time
+            raise ValueError(f"layout {lay.contract}: latency columns need a time field")
 
         def build_registration(record: dict[str, Any], site: str, ingest_ms: int | None) -> Row:
             values = (site, *get(record), ingest_ms)
@@ -230,8 +215,8 @@ def row_builder(lay: Layout) -> RowBuilder:
 
     def build_series(record: dict[str, Any], site: str, ingest_ms: int | None) -> Row:
         event_ms = record[time_field]
-        if event_ms is None:
-            return build_row(lay, record, site, ingest_ms)
+        if event_ms is None:    # every contract requires its time field: only an unvalidated record gets here
+            raise RowError(f"{lay.contract}: no '{time_field}' to put the row in a day partition")
         if latency:
             values = (site, utc_day(event_ms), *get(record), ingest_ms,
                       None if ingest_ms is None else ingest_ms - event_ms)

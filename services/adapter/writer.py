@@ -37,8 +37,10 @@ from cassandra.query import BatchStatement, BatchType, BoundStatement
 
 from services.adapter.mappings import Mapping
 from services.adapter.schema import Layout, Row, insert_cql
+from services.common.backoff import Backoff
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 10.0
+_RETRY_BACKOFF = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)     # per request: the delay follows its attempt count
 _DATE_EPOCH = 2 ** 31       # CQL `date`: unsigned days with 1970-01-01 in the middle of the range
 
 # Serializers for the few CQL types our layouts use. The driver's generic
@@ -237,7 +239,7 @@ class Writer:
         if self.failing_since is None:
             self.failing_since = now
         self.last_error = f"{type(error).__name__}: {error}"[:300]
-        delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** req.attempt)
+        delay = _RETRY_BACKOFF.delay(req.attempt)
         req.attempt += 1
         self.retries_total += 1
         req.not_before = now + delay * random.uniform(0.5, 1.0)   # jitter: replicas do not retry in lockstep

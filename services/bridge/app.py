@@ -67,9 +67,12 @@ from confluent_kafka import KafkaError, Producer
 from services.bridge import metrics
 from services.bridge import settings as bridge_settings
 from services.bridge.commands import CommandForwarder
-from services.bridge.routing import KAFKA_REJECTED, OutRecord, Router, dead_letter
+from services.bridge.routing import KAFKA_REJECTED, Record, Router
 from services.bridge.rules import DEFAULT_RULES, Mapping, MappingError
 from services.bridge.window import Entry, Window
+from services.common import names
+from services.common.backoff import Backoff
+from services.common.dead_letter import UNPROCESSABLE, DeadLetter, dead_letter
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
 from services.common.settings import SettingsError
 from services.mqtt.codec import reason_name
@@ -81,6 +84,7 @@ log = logging.getLogger("bridge")
 _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
               KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
 RETRY_DELAY_S = 1.0
+RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0   # MQTT reconnect backoff while the broker is unreachable
 KAFKA_HEALTHY_WITHIN_S = 30.0
 READ_BATCH = 1000          # messages handed over per loop turn before serving Kafka again
 
@@ -109,7 +113,7 @@ class Bridge:
         self.fatal: str | None = None
         self.kafka_ok_at = 0.0
         self.reconnect_at = 0.0
-        self.backoff = 0.5
+        self.backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)     # while the broker is unreachable
         self.retries: list[tuple[float, int]] = []
         self.log_after: dict[str, float] = {}
         # Metrics counted in plain ints on the hot path, pushed once per loop turn (_push_metrics).
@@ -143,7 +147,8 @@ class Bridge:
                 reason=reason_name(reason_code), host=self.s.mqtt_host,
                 fix="check BRIDGE_MQTT_USERNAME, the mqtt_password secret and the broker's password file/ACL"))
             return
-        self.connected, self.backoff = True, 0.5
+        self.connected = True
+        self.backoff.reset()
         metrics.MQTT_CONNECTED.set(1)
         log.info("MQTT connected", extra=kv(client_id=self.s.client_id, session_present=session_present,
                                             subscriptions=",".join(self.subscriptions)))
@@ -162,9 +167,7 @@ class Bridge:
         dropped = self.window.reset()
         metrics.REDELIVERY_EXPECTED.inc(dropped)
         metrics.IN_FLIGHT.set(0)
-        self.reconnect_at = time.monotonic() + (0.2 if was else self.backoff)
-        if not was:
-            self.backoff = min(self.backoff * 2, 10.0)
+        self.reconnect_at = time.monotonic() + (0.2 if was else self.backoff.next())
         if was or dropped:
             log.warning("MQTT disconnected", extra=kv(reason=why, unacked_redelivered_by_broker=dropped))
 
@@ -175,7 +178,7 @@ class Bridge:
         try:
             record = self.router.route(topic, payload, user, now_ms)
         except Exception as err:          # noqa: BLE001 - a bug must not lose or crash; dead-letter it
-            record = dead_letter(self.s.dead_letter_topic, topic, None, payload, "unprocessable",
+            record = dead_letter(self.s.dead_letter_topic, topic, None, payload, UNPROCESSABLE,
                                  repr(err), now_ms)
         entry = self.window.add(mid, qos, time.monotonic(), record)
         try:                              # _produce inlined for the usual case; _send handles the rest
@@ -209,17 +212,17 @@ class Bridge:
         try:
             self.client.connect()
         except OSError as err:
-            self.reconnect_at = time.monotonic() + self.backoff
+            delay = self.backoff.next()
+            self.reconnect_at = time.monotonic() + delay
             self._log_rarely("mqtt-connect", logging.WARNING, "MQTT broker unreachable, retrying",
-                             host=self.s.mqtt_host, port=self.s.mqtt_port, error=err, retry_in_s=self.backoff)
-            self.backoff = min(self.backoff * 2, 10.0)
+                             host=self.s.mqtt_host, port=self.s.mqtt_port, error=err, retry_in_s=delay)
 
     # ------------------------------------------------------------ Kafka
 
     def _produce(self, entry: Entry) -> None:
         self._send(entry.record, partial(self._delivered, entry.seq))
 
-    def _send(self, rec: OutRecord, on_delivery) -> None:
+    def _send(self, rec: Record, on_delivery) -> None:
         while True:
             try:
                 self.producer.produce(rec.topic, rec.value, rec.key, headers=rec.headers, on_delivery=on_delivery)
@@ -256,7 +259,7 @@ class Bridge:
             return
         if entry.record.reason is None and err.code() in _PERMANENT:
             rec = entry.record
-            source = next((v.decode() for k, v in rec.headers if k == "mqtt_topic"), rec.topic)
+            source = next((v.decode() for k, v in rec.headers if k == names.HEADER_MQTT_TOPIC), rec.topic)
             entry.record = dead_letter(self.s.dead_letter_topic, source, rec.key, rec.value, KAFKA_REJECTED,
                                        f"Kafka refused the record for {rec.topic}: {err.str()}",
                                        int(time.time() * 1000), rec.headers)
@@ -277,7 +280,7 @@ class Bridge:
             if entry is not None:
                 self._produce(entry)
 
-    def _produce_dead_letter(self, record: OutRecord, done) -> None:
+    def _produce_dead_letter(self, record: DeadLetter, done) -> None:
         """For the command path: produce, produce again on failure, call done() once Kafka has it."""
         def on_delivery(err, _msg):
             if err is None:
@@ -401,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     bridge = Bridge(s, mapping, stop)
     if s.metrics_port:
-        serve_http(s.metrics_port, bridge.health)
+        serve_http(s.metrics_port, bridge.health, metrics.exposition)
     return bridge.run()
 
 

@@ -2,24 +2,26 @@
 
 Each record is published at QoS 1; its offset is committed only once the broker
 PUBACKed it (or, for an invalid command, once its dead-letter record is in Kafka),
-and only as part of a gap-free prefix per partition, so a crash re-forwards rather
-than skips. Runs on the bridge's single loop thread (the MQTT client's on_puback included).
+and only as part of a gap-free prefix per partition (services.common.offsets, as in
+the adapter), so a crash re-forwards rather than skips. Runs on the bridge's single
+loop thread (the MQTT client's on_puback included).
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from services.bridge import metrics
-from services.bridge.routing import CONTRACT_VIOLATION, INVALID_JSON, OutRecord, dead_letter
 from services.common import contracts, names
 from services.common.contracts import ContractError
+from services.common.dead_letter import CONTRACT_VIOLATION, INVALID_JSON, DeadLetter, dead_letter
 from services.common.observability import kv
+from services.common.offsets import OffsetTracker, Partition
+from services.common.site import resolve_site
 from services.mqtt.codec import reason_name
 
 log = logging.getLogger("bridge.commands")
@@ -29,7 +31,7 @@ _TOPIC_CHARS = ("/", "+", "#")
 def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> str:
     """MQTT topic for one `device-commands` record; raises ContractError (or ValueError for bad JSON)."""
     record = contracts.DEVICE_COMMAND.validate(json.loads(value))
-    device_id, site = record["device_id"], record["site"] or default_site
+    device_id, site = record["device_id"], resolve_site(field=record["site"], default=default_site)
     if key is not None and key.decode(errors="replace") != device_id:
         raise ContractError(f"device-command: key '{key.decode(errors='replace')}' differs from "
                             f"device_id '{device_id}' (key the record by device_id)")
@@ -41,22 +43,9 @@ def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> 
     return names.MQTT_COMMANDS.format(site=site, device_id=device_id)
 
 
-class _Partition:
-    """Offsets of one partition in consumption order, each done once forwarded (or dead-lettered)."""
-
-    def __init__(self) -> None:
-        self.offsets: deque[list] = deque()       # [offset, done]
-
-    def commit_point(self) -> int | None:
-        last = None
-        while self.offsets and self.offsets[0][1]:
-            last = self.offsets.popleft()[0]
-        return None if last is None else last + 1
-
-
 class CommandForwarder:
     def __init__(self, bootstrap: str, topic: str, group: str, client_id: str, dlq_topic: str,
-                 default_site: str | None, dead_letter_sink: Callable[[OutRecord, Callable[[], None]], None],
+                 default_site: str | None, dead_letter_sink: Callable[[DeadLetter, Callable[[], None]], None],
                  max_in_flight: int = 100):
         self.topic, self.dlq_topic, self.default_site = topic, dlq_topic, default_site
         self.dead_letter_sink = dead_letter_sink
@@ -67,8 +56,8 @@ class CommandForwarder:
             "enable.partition.eof": False,
         })
         self.consumer.subscribe([topic], on_revoke=self._revoked)
-        self.partitions: dict[int, _Partition] = {}
-        self.by_mid: dict[int, list] = {}         # MQTT packet id -> [partition, offset-cell]
+        self.tracker = OffsetTracker()            # a record is finished once PUBACKed or dead-lettered
+        self.by_mid: dict[int, tuple[Partition, int]] = {}     # MQTT packet id -> ((topic, partition), offset)
         self.in_flight = 0
 
     def pump(self, client) -> None:
@@ -84,22 +73,22 @@ class CommandForwarder:
             self._forward(client, msg)
 
     def _forward(self, client, msg: Message) -> None:
-        cell = [msg.offset(), False]
-        self.partitions.setdefault(msg.partition(), _Partition()).offsets.append(cell)
+        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        self.tracker.consumed(tp, offset)
         self.in_flight += 1
         value = msg.value() or b""
         try:
             topic = command_topic(value, msg.key(), self.default_site)
         except (ValueError, RecursionError) as err:
             reason = CONTRACT_VIOLATION if isinstance(err, ContractError) else INVALID_JSON
-            record = dead_letter(self.dlq_topic, self.topic, msg.key(), value, reason, str(err),
-                                 int(time.time() * 1000), list(msg.headers() or ()))
-            log.warning("command dead-lettered", extra=kv(reason=reason, detail=err, offset=msg.offset()))
+            record = dead_letter(self.dlq_topic, tp[0], msg.key(), value, reason, str(err),
+                                 int(time.time() * 1000), list(msg.headers() or ()), tp[1], offset)
+            log.warning("command dead-lettered", extra=kv(reason=reason, detail=err, offset=offset))
             metrics.COMMANDS_DEAD_LETTERED.inc()
-            self.dead_letter_sink(record, lambda: self._done(msg.partition(), cell))
+            self.dead_letter_sink(record, lambda: self._done(tp, offset))
             return
         mid = client.publish(topic, value, qos=1)
-        self.by_mid[mid] = [msg.partition(), cell]
+        self.by_mid[mid] = (tp, offset)
 
     def on_publish(self, mid: int, reason_code: int) -> None:
         """The broker's PUBACK of a forwarded command (MqttSession.on_puback)."""
@@ -107,23 +96,24 @@ class CommandForwarder:
         if entry is None:
             return
         if reason_code >= 0x80:          # e.g. not authorised by the ACL: still the broker's final answer
-            log.warning("command refused by broker", extra=kv(reason=reason_name(reason_code), offset=entry[1][0]))
+            log.warning("command refused by broker", extra=kv(reason=reason_name(reason_code), offset=entry[1]))
         else:
             metrics.COMMANDS.inc()
         self._done(*entry)
 
-    def _done(self, partition: int, cell: list) -> None:
-        cell[1] = True
+    def _done(self, tp: Partition, offset: int) -> None:
+        """One command is finished (PUBACKed or dead-lettered): commit whatever prefix became gap-free."""
         self.in_flight -= 1
-        state = self.partitions.get(partition)
-        point = state.commit_point() if state else None
-        if point is not None:
-            self.consumer.commit(offsets=[TopicPartition(self.topic, partition, point)], asynchronous=True)
+        self.tracker.finished(tp, offset)
+        commits = self.tracker.take_commits()
+        if commits:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in commits.items()],
+                                 asynchronous=True)
 
     def _revoked(self, _consumer, partitions) -> None:
         # Uncommitted commands of a revoked partition are forwarded again by its next owner.
         for tp in partitions:
-            self.partitions.pop(tp.partition, None)
+            self.tracker.drop((tp.topic, tp.partition))
 
     def close(self) -> None:
         self.consumer.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -66,3 +66,8 @@ COMMANDS_DEAD_LETTERED = Counter("bridge_commands_dead_lettered_total", "invalid
 
 for _reason in REASONS:        # export every reason from the start, so rate() works on the first one
     DEAD_LETTERED.labels(_reason)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The /metrics body and Content-Type (for observability.serve_http)."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,4 +1,4 @@
-"""Pure logic of the bridge: MQTT message -> Kafka record, dead-letter records, the ack window.
+"""Pure logic of the bridge: MQTT message -> Kafka record or dead-letter record (services.common.dead_letter).
 
 No network here, so all of it is unit-tested without brokers.
 """
@@ -13,34 +13,40 @@ from typing import Any
 from services.bridge.rules import Mapping
 from services.common import contracts, names
 from services.common.contracts import ContractError
+from services.common.dead_letter import (
+    CONTRACT_VIOLATION,
+    DLQ_HEADERS,
+    INVALID_JSON,
+    UNMAPPED,
+    UNPROCESSABLE,
+    DeadLetter,
+    Headers,
+    dead_letter,
+)
+from services.common.site import resolve_site
 
-# Dead-letter reasons: the metric label and the first word of the dlq_reason header.
+# Dead-letter reasons of the bridge: the metric label and the first word of the dlq_reason header.
+# The generic ones come from services.common.dead_letter; these two only the bridge has.
 OVERSIZED = "oversized"
-INVALID_JSON = "invalid_json"
-CONTRACT_VIOLATION = "contract_violation"
-UNMAPPED = "unmapped"
 KAFKA_REJECTED = "kafka_rejected"
-UNPROCESSABLE = "unprocessable"
 REASONS = (OVERSIZED, INVALID_JSON, CONTRACT_VIOLATION, UNMAPPED, KAFKA_REJECTED, UNPROCESSABLE)
 
 # Headers the bridge owns: a device's user property of the same name is dropped, not trusted.
-RESERVED_HEADERS = frozenset({names.HEADER_SITE, names.HEADER_INGEST_MS, names.HEADER_MQTT_TOPIC,
-                              names.HEADER_DLQ_SOURCE, names.HEADER_DLQ_REASON, names.HEADER_DLQ_TIME_MS})
-
-# Kafka's default max.message.bytes is ~1 MB and Mosquitto's max_packet_size 1 MiB: a dead-letter
-# value above this is cut so that the dead-letter record itself can always be written.
-DLQ_VALUE_LIMIT = 900_000
-
-Headers = list[tuple[str, bytes]]
+RESERVED_HEADERS = frozenset({names.HEADER_SITE, names.HEADER_INGEST_MS, names.HEADER_MQTT_TOPIC}) | DLQ_HEADERS
 
 
 @dataclass(slots=True)
 class OutRecord:
+    """A mapped record to produce. Dead-letter records are services.common.dead_letter.DeadLetter
+    (same fields, `reason` set), so `record.reason` tells the two apart."""
     topic: str
     key: bytes
     value: bytes
     headers: Headers
-    reason: str | None = None          # set on dead-letter records
+    reason: str | None = None          # always None here
+
+
+Record = OutRecord | DeadLetter        # what the bridge produces for one MQTT message
 
 
 def base_headers(mqtt_topic: str, user_properties: list[tuple[str, str]] | None, site: str | None,
@@ -52,30 +58,6 @@ def base_headers(mqtt_topic: str, user_properties: list[tuple[str, str]] | None,
         headers.append((names.HEADER_SITE, site.encode()))
     headers.append((names.HEADER_INGEST_MS, str(ingest_ms).encode()))
     return headers
-
-
-def dead_letter(dlq_topic: str, source: str, key: str | bytes | None, value: bytes, reason: str, detail: str,
-                now_ms: int, headers: Headers | None = None) -> OutRecord:
-    """The dead-letter record: original key (else the source topic), original bytes, headers naming why."""
-    if len(value) > DLQ_VALUE_LIMIT:
-        detail = f"{detail} (value cut to its first {DLQ_VALUE_LIMIT} of {len(value)} bytes)"
-        value = value[:DLQ_VALUE_LIMIT]
-    raw_key = key if key is not None else source
-    out = [h for h in (headers or ()) if h[0] not in (names.HEADER_DLQ_SOURCE, names.HEADER_DLQ_REASON,
-                                                       names.HEADER_DLQ_TIME_MS)]
-    out += [(names.HEADER_DLQ_SOURCE, source.encode()),
-            (names.HEADER_DLQ_REASON, f"{reason}: {detail}".encode()),
-            (names.HEADER_DLQ_TIME_MS, str(now_ms).encode())]
-    return OutRecord(dlq_topic, raw_key if isinstance(raw_key, bytes) else raw_key.encode(), value, out, reason)
-
-
-def known_key(mapping: Mapping, topic: str) -> str | None:
-    """The Kafka key the topic implies even when the payload is bad (e.g. the sensor id)."""
-    for rule in mapping.rules:
-        segments = rule.match(topic)
-        if segments is not None:
-            return rule.key.format(**segments)
-    return None
 
 
 _DEFAULT_ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -106,9 +88,9 @@ _TOPIC_CACHE = 10000      # devices publish to a fixed set of topics: remember w
 
 
 class _TopicPlan:
-    """Everything one MQTT topic implies, worked out once: its rule (the first that matches, as in
-    Mapping.apply), the segments that fill payload fields, the Kafka topic and key, the site and the
-    bridge's own headers for it."""
+    """Everything one MQTT topic implies, worked out once: its rule (the first that matches), the
+    segments that fill payload fields, the Kafka topic and key, the site and the bridge's own headers
+    for it. tests/unit/bridge/reference.py keeps the plain per-message mapping this must equal."""
     __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers")
 
     def __init__(self, mapping: Mapping, topic: str, default_site: str | None):
@@ -119,7 +101,9 @@ class _TopicPlan:
                 rule, segments = candidate, found
                 break
         self.rule = rule
-        site = segments.get("site") or default_site
+        # The MQTT topic's {site} segment is what the message itself says; the bridge has no site header
+        # to trust (a device's `site` user property is dropped), so: that segment, else BRIDGE_SITE.
+        site = resolve_site(field=segments.get("site"), default=default_site)
         self.headers = tuple(base_headers(topic, None, site, 0)[:-1])     # all but the per-message ingest time
         if rule is None:
             self.contract, self.fills, self.fields, self.kafka_topic, self.key = None, (), (), None, None
@@ -132,7 +116,8 @@ class _TopicPlan:
         self.key = rule.key.format(**segments).encode()
 
     def apply(self, data: Any) -> dict[str, Any]:
-        """Mapping.apply for this topic's rule (same result, same errors) without matching again."""
+        """The mapped record for this topic's rule (same result, same errors as the reference mapping in
+        tests/unit/bridge/reference.py) without matching the topic again."""
         if type(data) is not dict:
             return self.contract.validate(data)          # raises: not a JSON object
         for name, value in self.fills:
@@ -171,7 +156,7 @@ class Router:
     _topics: dict = field(default_factory=dict, compare=False, repr=False)
 
     def route(self, topic: str, payload: bytes, user_properties: list[tuple[str, str]] | None,
-              now_ms: int) -> OutRecord:
+              now_ms: int) -> Record:
         plan = self._topics.get(topic) or self._plan(topic)
         ingest = (names.HEADER_INGEST_MS, str(now_ms).encode())
         if user_properties:
@@ -198,7 +183,7 @@ class Router:
         return OutRecord(plan.kafka_topic, plan.key, _encode(value), headers)
 
     def _dlq(self, plan: _TopicPlan, topic: str, payload: bytes, headers: Headers, now_ms: int, reason: str,
-             detail: str) -> OutRecord:
+             detail: str) -> DeadLetter:
         return dead_letter(self.dlq_topic, topic, plan.key, payload, reason, detail, now_ms, headers)
 
     def _plan(self, topic: str) -> _TopicPlan:

@@ -4,7 +4,8 @@ A rule names the segments of an MQTT topic filter, e.g.
 `sites/{site}/sensors/{sensor_id}/temperature`; a message whose topic matches is
 produced to `kafka_topic` with the key rendered from `key` (e.g. `{sensor_id}`)
 after its payload passed `contract`. Named segments fill payload fields the device
-left out; a payload that contradicts its topic is a contract violation.
+left out; a payload that contradicts its topic is a contract violation. This module
+parses and matches rules; services.bridge.routing applies them to messages.
 
 Rules are read from a TOML file:
 
@@ -20,7 +21,6 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from services.common import contracts, names
 
@@ -74,15 +74,6 @@ class Rule:
         return values
 
 
-@dataclass(frozen=True)
-class Mapped:
-    """A message that passed its rule: where it goes and what it says."""
-    kafka_topic: str
-    key: str
-    value: dict[str, Any]
-    segments: dict[str, str]
-
-
 class Mapping:
     def __init__(self, rules: list[Rule]):
         if not rules:
@@ -114,26 +105,6 @@ class Mapping:
 
     def subscriptions(self) -> list[str]:
         return sorted({rule.subscription for rule in self.rules})
-
-    def apply(self, topic: str, payload: Any) -> Mapped:
-        """Map one decoded message; raises MappingError (unmapped) or ContractError (invalid)."""
-        for rule in self.rules:
-            segments = rule.match(topic)
-            if segments is None:
-                continue
-            contract = contracts.contract(rule.contract)
-            if isinstance(payload, dict):
-                payload = dict(payload)
-                for name, value in segments.items():
-                    if name not in contract.field_names():
-                        continue
-                    if name in payload and payload[name] is not None and str(payload[name]) != value:
-                        raise contracts.ContractError(
-                            f"{contract.name}: field '{name}' is '{payload[name]}' but the topic says '{value}'")
-                    payload[name] = value
-            value = contract.validate(payload)
-            return Mapped(rule.kafka_topic, rule.key.format(**segments), value, segments)
-        raise MappingError(f"no mapping rule matches MQTT topic '{topic}'")
 
 
 DEFAULT_RULES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.bridge.routing import OutRecord
+from services.bridge.routing import Record
 
 
 @dataclass(slots=True)
@@ -14,7 +14,7 @@ class Entry:
     mid: int
     qos: int
     received: float                    # monotonic time of receipt, for the latency histogram
-    record: OutRecord
+    record: Record
     delivered: bool = False
 
 
@@ -43,7 +43,7 @@ class Window:
     def room(self) -> int:
         return max(0, self.size - len(self._by_seq))
 
-    def add(self, mid: int, qos: int, received: float, record: OutRecord) -> Entry:
+    def add(self, mid: int, qos: int, received: float, record: Record) -> Entry:
         self._next += 1
         entry = Entry(self._next, mid, qos, received, record)
         self._order.append(entry)
@@ -53,12 +53,6 @@ class Window:
     def get(self, seq: int) -> Entry | None:
         """The live entry, or None when it was dropped by a reset (its delivery no longer acks anything)."""
         return self._by_seq.get(seq)
-
-    def delivered(self, seq: int) -> Entry | None:
-        entry = self._by_seq.get(seq)
-        if entry is not None:
-            entry.delivered = True
-        return entry
 
     def pop_ackable(self) -> list[Entry]:
         """Remove and return the delivered prefix: these are the messages to PUBACK now."""

@@ -25,8 +25,9 @@ HEADER_INGEST_MS = "ingest_ms"
 HEADER_MQTT_TOPIC = "mqtt_topic"
 # Headers of a dead-letter record.
 HEADER_DLQ_SOURCE = "dlq_source"        # MQTT topic or Kafka topic the record came from
-HEADER_DLQ_REASON = "dlq_reason"        # human-readable: what is wrong and the fix
-HEADER_DLQ_TIME_MS = "dlq_time_ms"
+HEADER_DLQ_REASON = "dlq_reason"        # "<reason>: <detail>": a reason code, then what is wrong and the fix
+HEADER_DLQ_TIME_MS = "dlq_time_ms"      # when it was dead-lettered (epoch ms)
+HEADER_DLQ_OFFSET = "dlq_offset"        # "<partition>:<offset>" of a Kafka source record (none for MQTT)
 
 # MQTT topics: readings from devices, commands to devices (str.format templates).
 MQTT_READINGS = "sites/{site}/sensors/{sensor_id}/temperature"

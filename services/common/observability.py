@@ -1,8 +1,9 @@
 """Logging, metrics, health and shutdown plumbing shared by every service.
 
 - `setup_logging(service)`: one key=value line per event on stdout.
-- `serve_http(port, health)`: /metrics (Prometheus text format) and /healthz
-  (200 when `health()` returns (True, detail), else 503) on a daemon thread.
+- `serve_http(port, health, metrics)`: /metrics (whatever `metrics()` returns as
+  (body, content type); each service passes its own Prometheus exposition) and
+  /healthz (200 when `health()` returns (True, detail), else 503) on a daemon thread.
 - `StopFlag`: set by SIGTERM/SIGINT; services drain and exit when it is set.
 """
 from __future__ import annotations
@@ -13,8 +14,6 @@ import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 
 class _KeyValueFormatter(logging.Formatter):
@@ -51,13 +50,17 @@ def kv(**fields: object) -> dict:
 
 
 HealthProbe = Callable[[], tuple[bool, str]]
+# Returns the /metrics body and its Content-Type, e.g. prometheus_client's
+# `generate_latest(REGISTRY), CONTENT_TYPE_LATEST` (this module stays stdlib-only).
+MetricsExposition = Callable[[], tuple[bytes, str]]
 
 
-def serve_http(port: int, health: HealthProbe, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+def serve_http(port: int, health: HealthProbe, metrics: MetricsExposition,
+               host: str = "0.0.0.0") -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if self.path.startswith("/metrics"):
-                body, status, ctype = generate_latest(REGISTRY), 200, CONTENT_TYPE_LATEST
+                (body, ctype), status = metrics(), 200
             elif self.path.startswith("/healthz"):
                 ok, detail = health()
                 body, status, ctype = detail.encode() + b"\n", 200 if ok else 503, "text/plain"

@@ -2,8 +2,10 @@
 
 Writes finish out of order (many in flight, retries), so per partition the
 tracker keeps the consumed offsets in order and commits up to the first one that
-is not finished yet. A record counts as finished when its row is written or its
-dead-letter copy is acknowledged. Pure Python; the adapter's main thread owns it.
+is not finished yet. A record counts as finished when its work is done (the
+adapter: its row is written; the bridge's command path: the broker PUBACKed it) or
+its dead-letter copy is acknowledged. Pure Python; one thread owns each tracker
+(the adapter's main loop, the bridge's loop).
 """
 from __future__ import annotations
 

@@ -9,9 +9,20 @@ from pyspark.sql import DataFrame
 
 from iot_jobs import notifier
 from iot_jobs.webhook import Webhook
-from services.common import contracts, names
+from services.common import contracts
+from services.common.dead_letter import dead_letter_headers
 
 log = logging.getLogger("iot_stack.notifier")
+WEBHOOK_FAILED = "webhook_failed"      # dead-letter reason code of a notification the webhook never took
+
+
+def dead_letter_rows(failed: list, topic: str, now_ms: int) -> list[tuple]:
+    """(notification record, why the webhook failed) pairs -> dead-letter rows (key, value, headers):
+    the notification's key, value and headers plus the dlq_* headers of services.common.dead_letter
+    (source `webhook:<topic>`; no dlq_offset: the record was never read from Kafka)."""
+    return [(record["key"], record["value"], dead_letter_headers(
+        f"webhook:{topic}", WEBHOOK_FAILED, reason, now_ms,
+        [(h["key"], bytes(h["value"])) for h in record["headers"] or ()])) for record, reason in failed]
 
 
 class BatchSink:
@@ -44,11 +55,7 @@ class BatchSink:
         texts = [(record, json.loads(record["value"])["text"]) for record in records]
         failed = self.webhook.send_all(texts)
         if failed and self.dead_letter_topic != "none":
-            now = str(int(time.time() * 1000)).encode()
-            dead = [(record["key"], record["value"], [
-                (names.HEADER_DLQ_SOURCE, f"webhook:{self.topic}".encode()),
-                (names.HEADER_DLQ_REASON, reason.encode()),
-                (names.HEADER_DLQ_TIME_MS, now)]) for record, reason in failed]
+            dead = dead_letter_rows(failed, self.topic, int(time.time() * 1000))
             (spark.createDataFrame(dead, "key STRING, value STRING, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
              .write.format("kafka").options(**self.kafka_options).option("topic", self.dead_letter_topic).save())
             log.warning("batch=%d webhook_failed=%d dead_lettered=true", batch_id, len(failed))

@@ -7,8 +7,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from services.common import contracts, names
+from services.common.dead_letter import CONTRACT_VIOLATION, DLQ_HEADERS, DLQ_VALUE_LIMIT, reason_text
 
 READING_DDL = contracts.spark_ddl(contracts.READING.name)
+HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
 
 def celsius(value: Column, unit: Column) -> Column:
@@ -24,11 +26,25 @@ def header(name: str) -> Column:
     return F.try_element_at(matches, F.lit(1))["value"].cast("string")
 
 
+def site_column(header: Column | None = None, field: Column | None = None, topic: Column | None = None,
+                default: str | None = None) -> Column:
+    """services.common.site.resolve_site as a column (Spark cannot call Python per row without a UDF):
+    the same precedence (the `site` header, the record's site field, the '<site>.' prefix of a mirrored
+    topic, the default) and, as there, an empty string counts as absent."""
+    candidates = [F.nullif(c, F.lit("")) for c in (header, field) if c is not None]
+    if topic is not None:
+        candidates.append(F.when(F.instr(topic, ".") > 1, F.substring_index(topic, ".", 1)))
+    if default:
+        candidates.append(F.lit(default))
+    return F.coalesce(*candidates) if candidates else F.lit(None).cast("string")
+
+
 def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
     """Kafka records -> Kafka coordinates, original bytes, reading fields, celsius, site and `error`.
 
-    `error` is null for a valid reading, else the dead-letter reason. Site: the
-    bridge's `site` header, else `default_site` (the SITE setting).
+    `error` is null for a valid reading, else what is wrong (the dead-letter detail).
+    Site by the one rule (site_column): the bridge's `site` header, else the
+    '<site>.' topic prefix, else `default_site` (the SITE setting); readings have no site field.
     """
     parsed = records.select(
         "key", "value", "headers", "topic", "partition", "offset",
@@ -56,7 +72,7 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
         F.col("r.temperature").alias("temperature"),
         F.col("r.unit").alias("unit"),
         celsius(temperature, F.col("r.unit")).alias("celsius"),
-        F.coalesce(header(names.HEADER_SITE), F.lit(default_site)).alias("site"),
+        site_column(header=header(names.HEADER_SITE), topic=F.col("topic"), default=default_site).alias("site"),
         error.alias("error"),
     )
 
@@ -68,16 +84,28 @@ def valid_readings(parsed: DataFrame) -> DataFrame:
 
 
 def dead_letters(parsed: DataFrame, topic: str) -> DataFrame:
-    """Invalid rows -> dead-letter Kafka records: original key, value and headers plus the dlq_* headers."""
+    """Invalid rows -> dead-letter Kafka records, as services.common.dead_letter.dead_letter builds them
+    (a unit test compares the two): original key, original bytes (cut at DLQ_VALUE_LIMIT, noted in the
+    reason), the original headers without old dlq_* ones, then dlq_source, dlq_reason
+    ("contract_violation: <error>"), dlq_time_ms and dlq_offset ("<partition>:<offset>")."""
     def h(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.cast("binary").alias("value"))
+    size = F.length(F.col("value"))         # bytes, for a binary column
+    cut = size > F.lit(DLQ_VALUE_LIMIT)
+    detail = F.when(cut, F.concat(F.col("error"), F.lit(f" (value cut to its first {DLQ_VALUE_LIMIT} of "),
+                                  size.cast("string"), F.lit(" bytes)"))).otherwise(F.col("error"))
+    original = F.filter(F.coalesce(F.col("headers"), F.array().cast(HEADERS_TYPE)),
+                        lambda x: ~x["key"].isin(*sorted(DLQ_HEADERS)))
     return parsed.where(F.col("error").isNotNull()).select(
-        F.col("key"),
-        F.col("value"),
-        F.concat(F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
+        F.coalesce(F.col("key"), F.col("topic").cast("binary")).alias("key"),
+        F.when(cut, F.substring(F.col("value"), 1, DLQ_VALUE_LIMIT)).otherwise(F.col("value")).alias("value"),
+        F.concat(original,
                  F.array(h(names.HEADER_DLQ_SOURCE, F.col("topic")),
-                         h(names.HEADER_DLQ_REASON, F.col("error")),
+                         h(names.HEADER_DLQ_REASON, F.concat(F.lit(reason_text(CONTRACT_VIOLATION, "")), detail)),
                          h(names.HEADER_DLQ_TIME_MS,
-                           F.unix_millis(F.current_timestamp()).cast("string")))).alias("headers"),
+                           F.unix_millis(F.current_timestamp()).cast("string")),
+                         h(names.HEADER_DLQ_OFFSET,
+                           F.concat_ws(":", F.col("partition").cast("string"),
+                                       F.col("offset").cast("string"))))).alias("headers"),
         F.lit(topic).alias("topic"),
     )

@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from services.common.backoff import Backoff
+
 log = logging.getLogger("iot_stack.webhook")
 MAX_BACKOFF_SECONDS = 30.0
 
@@ -35,10 +37,11 @@ class Webhook:
         body = {"text": text, **({"chat_id": self.chat_id} if self.chat_id else {})}
         data = json.dumps(body).encode()
         reason = ""
+        backoff = Backoff(self.backoff, MAX_BACKOFF_SECONDS)
         for attempt in range(1, self.attempts + 1):
             request = urllib.request.Request(self.url, data=data, method="POST",
                                              headers={"Content-Type": "application/json"})
-            delay = min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS)
+            delay = backoff.delay(attempt - 1)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     response.read()

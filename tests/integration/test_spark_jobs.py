@@ -156,7 +156,7 @@ def test_threshold_detector_emits_exact_events_and_resumes_from_checkpoint_witho
 
     dead = consume(cluster, "dead-letter", until=1, timeout=60, linger=2)
     assert [(m.key(), dict(m.headers())["dlq_reason"]) for m in dead] == [
-        (b"s3", b"missing or invalid field 'temperature' (number)")]
+        (b"s3", b"contract_violation: missing or invalid field 'temperature' (number)")]
     stop_gracefully(lab, "detector-2")
 
 
@@ -233,7 +233,8 @@ def test_notifier_joins_registrations_of_every_site_and_dead_letters_failed_webh
     ], lab.logs("notifier", tail=200)
     dead = consume(cluster, "notifier-dead-letter", until=1, timeout=120, linger=2)
     assert [m.key() for m in dead] == [b"n7"]
-    assert dict(dead[0].headers())["dlq_reason"].startswith(b"webhook failed after 2 attempt(s): HTTP 503")
+    assert dict(dead[0].headers())["dlq_reason"].startswith(
+        b"webhook_failed: webhook failed after 2 attempt(s): HTTP 503")
     hook_log = lab.logs("webhook")
     assert hook_log.count("HOOK ok") == 1 and hook_log.count("HOOK fail") == 2, hook_log
     assert '"chat_id": "42"' in hook_log

@@ -1,4 +1,4 @@
-"""Pure logic of the Cassandra adapter: rows, mappings, committable offsets, settings."""
+"""Pure logic of the Cassandra adapter: rows, mappings, settings (offsets: tests/unit/common/test_offsets.py)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,18 +9,17 @@ from services.adapter.app import main
 from services.adapter.mappings import DEFAULT_MAPPINGS, MappingError, Router, parse_mappings
 from services.adapter.schema import (
     RowError,
-    build_row,
     create_keyspace_cql,
     create_table_cql,
     insert_cql,
     layout,
-    resolve_site,
+    row_site,
     utc_day,
 )
 from services.adapter.settings import OPTIONS, parse_replication
 from services.common import contracts, names
-from services.common.offsets import OffsetTracker
 from services.common.settings import SettingsError
+from tests.unit.adapter.reference import build_row
 
 READINGS = layout(contracts.READING.name)
 
@@ -70,19 +69,23 @@ def test_registration_row_is_partitioned_by_site_only():
     assert len(row.bind(5, lay.latency)) == len(lay.column_names)
 
 
+# The one site rule (services.common.site, tests/unit/common/test_site.py): the header the bridge wrote
+# wins over the record's own field. Until the rule was shared, the adapter let the field win
+# (first case: "from-record").
 @pytest.mark.parametrize(("record", "header", "topic", "default", "site"), [
-    ({"site": "from-record"}, "from-header", "pfx.topic", "dflt", "from-record"),
+    ({"site": "from-record"}, "from-header", "pfx.topic", "dflt", "from-header"),
+    ({"site": "from-record"}, None, "pfx.topic", "dflt", "from-record"),
     ({}, "from-header", "pfx.temperature-data", "dflt", "from-header"),
     ({}, None, "site-c.temperature-data", "dflt", "site-c"),
     ({}, None, "temperature-data", "dflt", "dflt"),
 ])
-def test_site_comes_from_record_then_header_then_topic_prefix_then_default(record, header, topic, default, site):
-    assert resolve_site(record, header, topic, default) == site
+def test_site_comes_from_header_then_record_then_topic_prefix_then_default(record, header, topic, default, site):
+    assert row_site(record, header, topic, default) == site
 
 
 def test_record_without_any_site_is_an_error_naming_the_fix():
     with pytest.raises(RowError, match="ADAPTER_DEFAULT_SITE"):
-        resolve_site({}, None, "temperature-data", None)
+        row_site({}, None, "temperature-data", None)
 
 
 def test_readings_table_is_partitioned_by_site_sensor_day_and_clustered_by_time():
@@ -166,64 +169,6 @@ def test_mapping_file_errors_name_the_entry_and_the_fix(text, error):
         parse_mappings(text, "m.toml")
 
 
-# ------------------------------------------------------------------ offsets
-
-def test_only_contiguous_finished_offsets_are_committable():
-    tracker, tp = OffsetTracker(), ("temperature-data", 0)
-    for offset in (10, 11, 12, 13):
-        tracker.consumed(tp, offset)
-    tracker.finished(tp, 12)
-    tracker.finished(tp, 11)
-    assert tracker.take_commits() == {}            # 10 is still being written
-    tracker.finished(tp, 10)
-    assert tracker.take_commits() == {tp: 13}      # 10, 11, 12 done: next to read is 13
-    assert tracker.outstanding(tp) == 1
-    tracker.finished(tp, 13)
-    assert tracker.take_commits() == {tp: 14}
-    assert tracker.take_commits() == {}
-
-
-def test_partitions_are_tracked_independently():
-    tracker, a, b = OffsetTracker(), ("t", 0), ("t", 1)
-    tracker.consumed(a, 0)
-    tracker.consumed(b, 0)
-    tracker.consumed(b, 1)
-    tracker.finished(b, 1)
-    tracker.finished(a, 0)
-    assert tracker.take_commits() == {a: 1}
-    assert tracker.outstanding() == 1
-
-
-def test_offset_gaps_from_compaction_do_not_block_commits():
-    tracker, tp = OffsetTracker(), ("device-registration", 0)
-    for offset in (3, 7, 8):
-        tracker.consumed(tp, offset)
-        tracker.finished(tp, offset)
-    assert tracker.take_commits() == {tp: 9}
-
-
-def test_revoked_partition_is_forgotten_and_late_completions_ignored():
-    tracker, tp = OffsetTracker(), ("t", 0)
-    tracker.consumed(tp, 5)
-    tracker.drop(tp)
-    tracker.finished(tp, 5)
-    tracker.recommit(tp, 6)
-    assert tracker.take_commits() == {} and tracker.outstanding() == 0
-
-
-def test_failed_commit_is_offered_again_unless_a_newer_one_waits():
-    tracker, tp = OffsetTracker(), ("t", 0)
-    tracker.consumed(tp, 0)
-    tracker.consumed(tp, 1)
-    tracker.finished(tp, 0)
-    assert tracker.take_commits() == {tp: 1}
-    tracker.recommit(tp, 1)
-    assert tracker.take_commits() == {tp: 1}
-    tracker.finished(tp, 1)
-    tracker.recommit(tp, 1)
-    assert tracker.take_commits() == {tp: 2}
-
-
 # ------------------------------------------------------------------ settings and CLI
 
 def test_replication_parses_per_dc_and_rejects_garbage():
@@ -238,8 +183,11 @@ def test_help_explains_every_option_and_its_environment_variable(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for name, var, *_ in OPTIONS:
-        assert f"--{name.replace('_', '-')}" in out and var in out
+    for option in OPTIONS:
+        if option.secret:   # no flag: read from the file named by the variable
+            assert option.name in out and option.env in out
+        else:
+            assert option.flag == f"--{option.name.replace('_', '-')}" and option.flag in out and option.env in out
 
 
 def test_unknown_flag_prints_usage_and_exits_2(capsys):

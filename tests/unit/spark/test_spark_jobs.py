@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import reduce
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from services.common import contracts, names  # noqa: E402
+from services.common.dead_letter import CONTRACT_VIOLATION, DLQ_VALUE_LIMIT, dead_letter  # noqa: E402
+from services.common.site import resolve_site  # noqa: E402
 
 KAFKA_DDL = ("key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
              "topic STRING, partition INT, offset BIGINT")
@@ -108,8 +111,40 @@ def test_dead_letters_keep_original_bytes_and_headers_and_add_reason(spark):
     headers = {h.key: bytes(h.value).decode() for h in dead[0].headers}
     assert headers["site"] == "site-a"
     assert headers[names.HEADER_DLQ_SOURCE] == "temperature-data"
-    assert headers[names.HEADER_DLQ_REASON] == "value is not a temperature-reading JSON object"
+    assert headers[names.HEADER_DLQ_REASON] == "contract_violation: value is not a temperature-reading JSON object"
     assert int(headers[names.HEADER_DLQ_TIME_MS]) > 1_600_000_000_000
+    assert headers[names.HEADER_DLQ_OFFSET] == "0:0"
+
+
+def test_dead_letters_are_what_the_python_builder_makes_of_the_same_records(spark):
+    """Spark builds dead letters as columns; they must equal services.common.dead_letter's (but for the time)."""
+    big = b"{" + b"x" * (DLQ_VALUE_LIMIT + 5)
+    old = [("site", b"site-a"), (names.HEADER_DLQ_REASON, b"from an earlier round")]
+    rows = [(b"k", big, old, "temperature-data", 3, 17), (None, b"{nope", None, "temperature-data", 1, 2)]
+    dead = readings.dead_letters(readings.parse_readings(spark.createDataFrame(rows, KAFKA_DDL), "site-a"),
+                                 "dead-letter").collect()
+
+    def shape(key, value, headers):
+        return (bytes(key), bytes(value), [(k, bytes(v)) for k, v in headers if k != names.HEADER_DLQ_TIME_MS])
+    expected = [dead_letter("dead-letter", topic, key, value, CONTRACT_VIOLATION,
+                            "value is not a temperature-reading JSON object", 0, headers, partition, offset)
+                for key, value, headers, topic, partition, offset in rows]
+    assert {r.topic for r in dead} == {"dead-letter"}
+    assert sorted(shape(r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in dead) == sorted(
+        shape(d.key, d.value, d.headers) for d in expected)
+
+
+def test_parse_readings_site_follows_the_one_rule_header_then_topic_prefix_then_setting(spark):
+    good = {"sensor_id": "s1", "timestamp": 1000, "temperature": 20.0, "unit": "C"}
+    cases = [("site-m.temperature-data", [("site", b"site-h")]), ("site-m.temperature-data", None),
+             ("site-m.temperature-data", [("site", b"")]), ("temperature-data", None), (".temperature-data", None)]
+    frames = [kafka_rows(spark, [good], topic=topic, headers=headers) for topic, headers in cases]
+    parsed = readings.parse_readings(reduce(lambda a, b: a.unionByName(b), frames), default_site="site-a")
+    got = sorted((r.topic, r.site) for r in parsed.collect())
+    expected = [(topic, resolve_site(header=headers[0][1].decode() if headers else None, topic=topic,
+                                     default="site-a")) for topic, headers in cases]
+    assert got == sorted(expected)
+    assert sorted(site for _, site in expected) == ["site-a", "site-a", "site-h", "site-m", "site-m"]
 
 
 # ------------------------------------------------------------------ detector

@@ -1,0 +1,64 @@
+"""The adapter's Cassandra session and schema: connecting (retried until Cassandra answers) and the
+keyspace/table DDL (built by adapter.schema) that the adapter creates at start and --print-schema shows.
+
+Note: `import cassandra` inside the services.adapter package still means the driver (imports are
+absolute); only running a file of this directory as a script would shadow it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from services.adapter.mappings import Mapping
+from services.adapter.schema import create_keyspace_cql, create_table_cql
+from services.adapter.settings import Settings
+from services.common.backoff import Backoff
+from services.common.observability import kv
+
+log = logging.getLogger("cassandra-adapter")
+
+CONNECT_RETRY_MIN_S, CONNECT_RETRY_MAX_S = 1.0, 15.0
+
+
+class Stop(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def schema_statements(settings: Settings, mappings: tuple[Mapping, ...]) -> list[str]:
+    tables = {m.table: m.layout for m in mappings}
+    return [create_keyspace_cql(settings.keyspace, settings.replication)] + [
+        create_table_cql(settings.keyspace, table, lay) for table, lay in tables.items()]
+
+
+def connect_cassandra(settings: Settings, stop: Stop):
+    """A driver session, retrying until Cassandra answers (Swarm starts services in any order)."""
+    from cassandra import ConsistencyLevel, UnresolvableContactPoints
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc or None)),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
+        request_timeout=settings.write_timeout)
+    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    backoff = Backoff(CONNECT_RETRY_MIN_S, CONNECT_RETRY_MAX_S)
+    while not stop.is_set():
+        cluster = None
+        try:
+            # Reconnect within 10 s after an outage; the driver's default backs off to 10 minutes.
+            # In Swarm a service's name resolves only once its task is healthy, so even
+            # the contact points may be unresolvable for a while.
+            cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
+                              execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
+                              reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
+            return cluster.connect()
+        except (NoHostAvailable, UnresolvableContactPoints, OSError) as err:
+            if cluster is not None:
+                cluster.shutdown()
+            delay = backoff.next()
+            log.warning("cassandra not reachable, retrying", extra=kv(
+                hosts=",".join(settings.cassandra_hosts), retry_s=delay, error=str(err)[:300]))
+            time.sleep(delay)
+    return None

@@ -1,0 +1,31 @@
+"""Which site a record belongs to: one rule for the bridge, the adapter and the Spark jobs.
+
+Precedence (the first that is set and not empty wins):
+
+  1. header   the `site` Kafka header. The bridge of the site where the device
+              connected writes it (a device cannot set it: the bridge drops a user
+              property of that name) and MirrorMaker carries it to the datacenter,
+              so it is the most trustworthy answer.
+  2. field    what the record itself says: a `site` field of the payload, or for
+              the bridge the {site} segment of the MQTT topic (which the mapping
+              also fills into such a field).
+  3. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored Kafka topic
+              ('site-a.temperature-data' -> 'site-a').
+  4. default  the service's setting (BRIDGE_SITE, ADAPTER_DEFAULT_SITE, SITE).
+
+The Spark jobs cannot call Python per row; iot_jobs.readings.site_column builds
+the same precedence as an F.coalesce. Standard library only.
+"""
+from __future__ import annotations
+
+
+def site_from_topic(topic: str) -> str | None:
+    """MirrorMaker 2 prefixes mirrored topics with the source alias: 'site-a.temperature-data' -> 'site-a'."""
+    prefix, dot, _ = topic.partition(".")
+    return prefix if dot and prefix else None
+
+
+def resolve_site(header: str | None = None, field: str | None = None, topic: str | None = None,
+                 default: str | None = None) -> str | None:
+    """The record's site by the precedence above (header, field, topic prefix, default); None when none is set."""
+    return header or field or (site_from_topic(topic) if topic else None) or default
