@@ -26,6 +26,7 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
+from services.common import names
 from tooling.progress import log
 from tooling.testbed.docker_lab import Lab, docker, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
@@ -45,7 +46,7 @@ class EventReader(threading.Thread):
         super().__init__(daemon=True)
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
-        self.consumer.subscribe(["temperature-threshold-events"])
+        self.consumer.subscribe([names.THRESHOLD_EVENTS])
         self.samples: list[tuple[int, int]] = []
         self.stopped = threading.Event()
 
@@ -70,8 +71,9 @@ def produce_at(producer: Producer, rate: int, seconds: float, sensors: int, coun
             n = counters[sensor]
             counters[sensor] += 1
             sensor_id = f"{tag}-{sensor}"
-            producer.produce("temperature-data", key=sensor_id, headers=[("site", b"bench")], value=json.dumps(
-                {"sensor_id": sensor_id, "timestamp": now_ms, "temperature": temperature(n), "unit": "C"}))
+            producer.produce(names.TEMPERATURE_DATA, key=sensor_id, headers=[(names.HEADER_SITE, b"bench")],
+                             value=json.dumps({"sensor_id": sensor_id, "timestamp": now_ms,
+                                               "temperature": temperature(n), "unit": "C"}))
             sent += 1
         producer.poll(0)
         log("produce", f"rate={rate}/s sent={sent}", every=10)
@@ -123,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log("setup", "starting kafka")
         cluster = start_kafka_cluster(lab)
-        create_topics(cluster, "temperature-data", "temperature-threshold-events", "dead-letter")
-        create_topics(cluster, "sensor-registration", partitions=1, config={"cleanup.policy": "compact"})
+        create_topics(cluster, names.TEMPERATURE_DATA, names.THRESHOLD_EVENTS, names.DEAD_LETTER)
+        create_topics(cluster, names.SENSOR_REGISTRATION, partitions=1, config={"cleanup.policy": "compact"})
         log("setup", "starting threshold-detector (spark image, local mode)")
         lab.run("spark", "detector", "submit", "--name", "threshold-detector", JOB, memory="3g", env={
             "KAFKA_BOOTSTRAP_SERVERS": cluster.internal, "SITE": "bench", "CHECKPOINT_DIR": "/tmp/checkpoints",

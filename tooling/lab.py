@@ -293,9 +293,18 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
 
 # ---------------------------------------------------------------- status
 
+def cql(host: LabHost, site: str, query: str) -> str:
+    """Run one CQL statement with cqlsh inside the site's cassandra-1 container; returns its output."""
+    script = (f"c=$(docker ps -q -f name={site}_cassandra-1 | head -1); [ -n \"$c\" ] || exit 3; "
+              f"docker exec $c cqlsh -e \"{query}\"")
+    return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
+
+
 def status(hosts: list[LabHost]) -> list[dict]:
     from tooling import lab_status  # needs confluent-kafka; only imported when asked for
-    return lab_status.table(hosts)
+    managers = site_managers(hosts)
+    bootstraps = {site: f"{host_ip(host)}:9094" for site, host in managers.items()}
+    return lab_status.table(bootstraps, lambda site, query: cql(managers[site], site, query))
 
 
 def down() -> None:

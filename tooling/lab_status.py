@@ -1,21 +1,25 @@
 """The lab's status table: readings per second, consumer and relay lag, Cassandra rows.
 
 Read-only: offsets come from each site's Kafka through its external listener,
-row counts from cqlsh inside each site's Cassandra container.
+row counts from cqlsh inside each site's Cassandra container. This module knows
+no lab hosts: tooling.lab passes the bootstrap addresses and a `cql(site, query)`
+that runs cqlsh where the site's Cassandra is (so the import runs lab -> lab_status only).
 """
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from tooling import lab
+from services.common import names
 
-READINGS = "temperature-data"
-EVENTS = "temperature-threshold-events"
 ADAPTER_GROUP = "cassandra-adapter"
 KEYSPACE = "iot"
+
+# (site, CQL statement) -> cqlsh output, run inside the site's Cassandra (tooling.lab.cql).
+Cql = Callable[[str, str], str]
 
 
 def _consumer(bootstrap: str, group: str = "iot-lab-status") -> Consumer:
@@ -52,50 +56,43 @@ def group_lag(bootstrap: str, topic: str, group: str) -> int:
         consumer.close()
 
 
-def cql(host: lab.LabHost, site: str, query: str) -> str:
-    """Run one CQL statement with cqlsh inside the site's cassandra-1 container; returns its output."""
-    script = (f"c=$(docker ps -q -f name={site}_cassandra-1 | head -1); [ -n \"$c\" ] || exit 3; "
-              f"docker exec $c cqlsh -e \"{query}\"")
-    return lab.host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
-
-
-def cassandra_rows(host: lab.LabHost, site: str, table: str) -> str:
+def cassandra_rows(cql: Cql, site: str, table: str) -> str:
     """Row count of one table (the lab's tables are small enough for count(*))."""
-    match = re.search(r"^\s*(\d+)\s*$", cql(host, site, f"SELECT count(*) FROM {KEYSPACE}.{table};"), re.MULTILINE)
+    match = re.search(r"^\s*(\d+)\s*$", cql(site, f"SELECT count(*) FROM {KEYSPACE}.{table};"), re.MULTILINE)
     return match.group(1) if match else "n/a"
 
 
-def table(hosts: list[lab.LabHost], sample_s: float = 5.0) -> list[dict]:
-    managers = lab.site_managers(hosts)
-    bootstraps = {site: f"{lab.host_ip(h)}:9094" for site, h in managers.items()}
-    first = {site: _safe(end_offsets, b, READINGS) for site, b in bootstraps.items() if site != "datacenter"}
+def table(bootstraps: dict[str, str], cql: Cql, sample_s: float = 5.0) -> list[dict]:
+    """One row per edge site (and one for the datacenter); `bootstraps`: site alias -> Kafka bootstrap."""
+    first = {site: _safe(end_offsets, b, names.TEMPERATURE_DATA) for site, b in bootstraps.items()
+             if site != "datacenter"}
     time.sleep(sample_s)
     rows = []
     datacenter = bootstraps.get("datacenter")
     for site, bootstrap in sorted(bootstraps.items()):
         if site == "datacenter":
             continue
-        now = _safe(end_offsets, bootstrap, READINGS)
+        now = _safe(end_offsets, bootstrap, names.TEMPERATURE_DATA)
         rate = (now - first[site]) / sample_s if isinstance(now, int) and isinstance(first[site], int) else "n/a"
-        events_site = _safe(end_offsets, bootstrap, EVENTS)
-        events_dc = _safe(end_offsets, datacenter, f"{site}.{EVENTS}") if datacenter else "n/a"
+        events_site = _safe(end_offsets, bootstrap, names.THRESHOLD_EVENTS)
+        # The datacenter's relay (MirrorMaker 2) prefixes each mirrored topic with the source site's alias.
+        events_dc = _safe(end_offsets, datacenter, f"{site}.{names.THRESHOLD_EVENTS}") if datacenter else "n/a"
         relay_lag = (events_site - events_dc) if isinstance(events_site, int) and isinstance(events_dc, int) \
             else "n/a"
         rows.append({
             "site": site,
             "readings/s": f"{rate:.0f}" if isinstance(rate, float) else rate,
             "readings in kafka": now,
-            "adapter lag": _safe(group_lag, bootstrap, READINGS, ADAPTER_GROUP),
+            "adapter lag": _safe(group_lag, bootstrap, names.TEMPERATURE_DATA, ADAPTER_GROUP),
             "events": events_site,
             "relay lag": relay_lag,
-            "cassandra readings": cassandra_rows(managers[site], site, "temperature_readings"),
-            "cassandra events": cassandra_rows(managers[site], site, "temperature_threshold_events"),
+            "cassandra readings": cassandra_rows(cql, site, "temperature_readings"),
+            "cassandra events": cassandra_rows(cql, site, "temperature_threshold_events"),
         })
     if datacenter:
         rows.append({"site": "datacenter", "readings/s": "-", "readings in kafka": "-",
                      "adapter lag": "-", "events": "-", "relay lag": "-", "cassandra readings": "-",
-                     "cassandra events": cassandra_rows(managers["datacenter"], "datacenter",
-                                                        "temperature_threshold_events")})
+                     "cassandra events": cassandra_rows(cql, "datacenter", "temperature_threshold_events")})
     return rows
 
 

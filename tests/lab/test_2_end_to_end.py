@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import Consumer
 
-from tooling import images, lab, lab_status, pins
+from services.common import names
+from tooling import images, lab, pins
 
 READINGS_PER_SITE = 300
 RUN = uuid.uuid4().hex[:6]
@@ -28,7 +29,7 @@ def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[f
                     for i, t in enumerate(temperatures))
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, images.tag("mosquitto", pins.load()),
            "mosquitto_pub", "-h", lab.host_ip(site_host), "-u", lab.MQTT_DEVICE_USER, "-P", lab.LAB_SECRETS["device"],
-           "-V", "mqttv5", "-q", "1", "-l", "-t", f"sites/{site}/sensors/{sensor}/temperature"]
+           "-V", "mqttv5", "-q", "1", "-l", "-t", names.MQTT_READINGS.format(site=site, sensor_id=sensor)]
     result = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return start_ms
@@ -47,7 +48,7 @@ def wait_for(what: str, probe, timeout: float = 300, interval: float = 5.0):
 
 def rows(host: lab.LabHost, site: str, query: str) -> list[list[str]]:
     """Rows of a cqlsh result table: the lines between the header rule and the blank line."""
-    lines = lab_status.cql(host, site, query).splitlines()
+    lines = lab.cql(host, site, query).splitlines()
     start = next((i for i, line in enumerate(lines) if set(line.strip()) <= set("-+") and line.strip()), None)
     if start is None:
         return []
@@ -107,7 +108,7 @@ def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_h
 
     consumer = Consumer({"bootstrap.servers": f"{lab.host_ip(dc)}:9094", "group.id": f"e2e-{RUN}",
                          "auto.offset.reset": "earliest"})
-    consumer.subscribe(["notifications"])
+    consumer.subscribe([names.NOTIFICATIONS])
     try:
         def notification():
             for msg in consumer.consume(200, timeout=2.0):
