@@ -10,8 +10,10 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from services.common import settings
-from services.common.settings import Option, integer
-from services.common.settings import SettingsError as SettingsError  # the jobs' main() turns it into exit 1
+from services.common.settings import Option, SettingsError, integer
 
 log = logging.getLogger("iot_stack.jobs")
 
@@ -296,3 +297,11 @@ class _JvmSignalHandler:
 def configure_logging() -> None:
     logging.basicConfig(level=settings.value(LOG_LEVEL),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+
+def main(run: Callable[[], None]) -> None:
+    """A job's entry point: run() it; a bad setting exits 1 with 'configuration error: ...' before Spark starts."""
+    try:
+        run()
+    except SettingsError as err:
+        sys.exit(f"configuration error: {err}")

@@ -69,13 +69,5 @@ def run() -> None:
     runtime.run_until_stopped(spark, [writer])
 
 
-def main() -> None:
-    """run(); a bad setting (runtime.SettingsError) exits 1 with 'configuration error: ...' on stderr."""
-    try:
-        run()
-    except runtime.SettingsError as err:
-        sys.exit(f"configuration error: {err}")
-
-
 if __name__ == "__main__":
-    main()
+    runtime.main(run)
