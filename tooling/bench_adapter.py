@@ -8,7 +8,7 @@ them three times in the same run:
             freshly started Cassandra runs interpreted bytecode for its first
             tens of thousands of writes (measured: 11.6k rows/s on the first
             pass, 25.5k on the next), and a production node is warm
-  adapter   services.cassandra_adapter.Adapter (in this process): bounded
+  adapter   services.adapter.app.Adapter (in this process): bounded
             async writes, single-partition UNLOGGED batches, commits after write
   baseline  poll one record, INSERT it with session.execute (blocking), next
 

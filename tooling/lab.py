@@ -30,7 +30,7 @@ from tooling.progress import log
 LABEL = "iot-stack.lab"
 NETWORK = "iot-stack-lab"
 HOST_IMAGE = "lab-host"
-# Host container options that work without --privileged (DESIGN.md section 7).
+# Host container options that work without --privileged (docs/operations.md, the lab).
 HOST_RUN_OPTIONS = [
     "--cap-add=ALL", "--cap-drop=SYS_RESOURCE",
     "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",

@@ -1,4 +1,4 @@
-"""The Kafka-to-Cassandra adapter (DESIGN.md section 4): at-least-once, bounded, never skips.
+"""The Kafka-to-Cassandra adapter: at-least-once, bounded, never skips.
 
 A consumer group reads the mapped topics (adapter.mappings), turns each record
 into a row (adapter.schema) and writes it with prepared statements, many

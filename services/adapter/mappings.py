@@ -4,7 +4,7 @@
     topics = ["temperature-data"]                 # exact topic names, or
     # topic_pattern = "^[a-z0-9-]+\\.temperature-data$"   # a regex (must start with ^)
     table = "temperature_readings"
-    contract = "temperature-reading"              # services.contracts name; decides the columns
+    contract = "temperature-reading"              # services.common.contracts name; decides the columns
     ttl_seconds = 2592000                         # optional: rows expire after 30 days
 
 Patterns are handed to the consumer's subscription as they are (librdkafka
@@ -43,7 +43,7 @@ def _mapping(topics: tuple[str, ...], table: str, contract_name: str) -> Mapping
     return Mapping(table, contracts.contract(contract_name), layout(contract_name), topics=topics)
 
 
-# The edge tier: the site's own topics, names as in DESIGN.md section 3.
+# The edge tier: the site's own topics (docs/architecture.md, "Data contracts").
 DEFAULT_MAPPINGS: tuple[Mapping, ...] = (
     _mapping((names.TEMPERATURE_DATA,), "temperature_readings", contracts.READING.name),
     _mapping((names.THRESHOLD_EVENTS,), "temperature_threshold_events", contracts.THRESHOLD_EVENT.name),
