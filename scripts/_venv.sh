@@ -2,9 +2,11 @@
 # tools installed; reinstall only when pyproject.toml changes.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${IOT_STACK_VENV:-$here/.venv}
-if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
-  echo "[venv] installing Debian's python3 (3.11 or newer is needed)" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+source "$here/scripts/_apt.sh"
+# Python 3.11 or newer with a working venv module (Debian splits ensurepip into python3-venv).
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null \
+   || ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  apt_install "the Python venv (3.11 or newer)" python3 python3-venv || return 1 2>/dev/null || exit 1
 fi
 stamp="$venv/.pyproject.sha256"
 want=$(sha256sum "$here/pyproject.toml" | cut -d' ' -f1)

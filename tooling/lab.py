@@ -10,6 +10,7 @@ starts simulated devices at every site and prints a status table.
   scripts/lab add-site site-c    one more edge site: a host, an inventory group,
                                  site.yml limited to the datacenter and the new site
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
+  scripts/lab diagnose           services per site; tasks and logs of those not fully running
   scripts/lab down               remove everything the lab made
 """
 from __future__ import annotations
@@ -307,6 +308,29 @@ def status(hosts: list[LabHost]) -> list[dict]:
     return lab_status.table(bootstraps, lambda site, query: cql(managers[site], site, query))
 
 
+def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
+    """What an operator looks at first when the lab misbehaves: every site's services with their
+    replicas, and for each service not fully running its task states and the tail of its logs."""
+    out: list[str] = []
+    for site, host in site_managers(hosts).items():
+        listing = host_exec(host, "docker", "service", "ls", "--format", "{{.Name}} {{.Replicas}}",
+                            check=False, timeout=60)
+        out.append(f"== {site} ({host.name}): docker service ls")
+        out.append(listing.stdout.strip() or listing.stderr.strip())
+        for line in listing.stdout.splitlines():
+            name, _, replicas = line.partition(" ")
+            running, _, wanted = replicas.partition(" ")[0].partition("/")
+            if running == wanted:
+                continue
+            tasks = host_exec(host, "docker", "service", "ps", "--no-trunc", "--format",
+                              "{{.Name}} {{.Node}} {{.CurrentState}} {{.Error}}", name, check=False, timeout=60)
+            logs = host_exec(host, "docker", "service", "logs", "--tail", str(log_lines), "--no-task-ids", name,
+                             check=False, timeout=60)
+            out += [f"-- {name}: {replicas} running; tasks:", tasks.stdout.strip(),
+                    f"-- {name}: last {log_lines} log lines", (logs.stdout + logs.stderr).strip()]
+    return "\n".join(out)
+
+
 def down() -> None:
     containers = run("docker", "ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
     volumes = [v for c in existing_hosts() for v in [f"{c.container}-docker"]]
@@ -331,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     add_p.add_argument("site", help="site alias, e.g. site-c")
     add_p.add_argument("--rate", type=float, default=20.0)
     sub.add_parser("status", help="print the status table")
+    sub.add_parser("diagnose", help="every site's services; tasks and last log lines of those not running")
     sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
     sub.add_parser("down", help="remove every container, volume and network the lab made")
     sub.add_parser("inventory", help="print the lab inventory's path")
@@ -370,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":
         print_status(hosts)
+    elif args.command == "diagnose":
+        print(diagnose(hosts))
     elif args.command == "inventory":
         print(lab_dir() / "inventory")
     return 0

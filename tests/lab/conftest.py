@@ -1,14 +1,20 @@
 """The lab tests: the real multi-site lab from `scripts/lab up`, checked from outside.
 
 The session brings the lab up once (reusing a running lab when IOT_LAB_REUSE=1)
-and takes it down at the end unless IOT_LAB_KEEP=1. Modules run in name order:
-hosts, end to end, idempotence, add-site.
+and takes it down at the end unless IOT_LAB_KEEP=1, also when bringing it up or
+a test failed. Modules run in name order: hosts, end to end, idempotence, add-site.
+
+`-m smoke` picks the lab smoke that `scripts/test` runs by default: readings
+counted at every site, a hot sensor's events at the datacenter, a second
+site.yml run without changes. When a lab test fails, every site's services are
+printed with the tasks and last log lines of those not fully running.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,25 +25,63 @@ REPO = lab.pins.REPO_ROOT
 os.environ["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "smoke: the lab smoke that scripts/test runs by default")
+
+
 def run_lab(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "tooling.lab", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=timeout)
     sys.stderr.write(result.stderr[-20000:])
+    print(f"\n[lab] scripts/lab {' '.join(args)}: {time.monotonic() - started:.0f}s (exit {result.returncode})",
+          file=sys.__stderr__, flush=True)
     assert result.returncode == 0, f"scripts/lab {' '.join(args)} failed:\n{result.stderr[-5000:]}"
     return result
 
 
+def print_diagnosis(why: str) -> None:
+    """Services of every site, with tasks and logs of the failing ones, straight to the terminal."""
+    hosts = lab.existing_hosts()
+    if not hosts:
+        return
+    try:
+        report = lab.diagnose(hosts)
+    except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+        report = f"(diagnosis failed: {err})"
+    print(f"\n[lab] {why}; the lab's services:\n{report}", file=sys.__stderr__, flush=True)
+
+
 @pytest.fixture(scope="session")
 def lab_hosts():
+    keep = os.environ.get("IOT_LAB_KEEP") == "1"
     reuse = os.environ.get("IOT_LAB_REUSE") == "1" and lab.existing_hosts()
     if not reuse:
         run_lab("down")
-        run_lab("up", "--no-build")  # scripts/test built everything already
+        try:
+            run_lab("up", "--no-build")  # scripts/test built everything already
+        except BaseException:
+            print_diagnosis("scripts/lab up failed")
+            if not keep:
+                run_lab("down")
+            raise
     yield lab.existing_hosts()
-    if os.environ.get("IOT_LAB_KEEP") != "1":
+    if not keep:
         run_lab("down")
 
 
 @pytest.fixture(scope="session")
 def inventory(lab_hosts):
     return lab.lab_dir() / "inventory"
+
+
+_diagnosed: list[bool] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and call.when == "call" and not _diagnosed:
+        _diagnosed.append(True)      # once per session: the first failure is the one to explain
+        print_diagnosis(f"{item.nodeid} failed")
+    return report

@@ -15,6 +15,8 @@ from confluent_kafka import Consumer
 from services.common import names
 from tooling import images, lab, pins
 
+pytestmark = pytest.mark.smoke     # scripts/test runs this module in its lab smoke
+
 READINGS_PER_SITE = 300
 RUN = uuid.uuid4().hex[:6]
 EDGE_SITES = ["site-a", "site-b"]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.lab.conftest import run_lab
 
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
@@ -13,6 +15,7 @@ def recap(output: str) -> dict[str, tuple[int, int, int]]:
     return {host: (int(c), int(u), int(f)) for host, _, c, u, f in RECAP.findall(output)}
 
 
+@pytest.mark.smoke
 def test_second_site_yml_run_reports_no_changes(lab_hosts):
     hosts = recap(run_lab("playbook").stderr)
     assert set(hosts) >= {h.name for h in lab_hosts}
