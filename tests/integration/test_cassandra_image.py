@@ -1,4 +1,4 @@
-"""The cassandra image runs real Cassandra 5.0.6: CQL from the host, nodetool,
+"""The cassandra image runs real Cassandra (the version pinned in images/versions.toml): CQL from the host, nodetool,
 cqlsh and the healthcheck inside the container, a clean stop on SIGTERM, and
 password authentication with the password read from a file.
 
@@ -15,7 +15,10 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy
 
+from tooling import pins
 from tooling.testbed.docker_lab import docker, free_port, wait_until
+
+CASSANDRA_VERSION = pins.load().versions["cassandra"]
 
 NODE = "cassandra-1"
 DC = "site-a"
@@ -88,10 +91,10 @@ def test_nodetool_status_shows_the_node_up_normal_in_its_dc(lab, cql_port):
     assert any(line.startswith("UN ") for line in result.stdout.splitlines()), result.stdout
 
 
-def test_cqlsh_in_the_container_reports_release_5_0_6(lab, cql_port):
+def test_cqlsh_in_the_container_reports_the_pinned_release(lab, cql_port):
     result = lab.exec(NODE, "cqlsh", "-e", "SELECT release_version FROM system.local")
     assert result.returncode == 0, result.stderr
-    assert "5.0.6" in result.stdout.split()
+    assert CASSANDRA_VERSION in result.stdout.split()
 
 
 def test_cassandra_health_passes_on_a_running_node(lab, cql_port):
@@ -159,4 +162,4 @@ def test_password_authenticator_replaces_default_password_from_file(lab, tmp_pat
     # cqlsh in the container logs in through the credentials file the entrypoint wrote.
     result = lab.exec("cassandra-auth", "cqlsh", "-e", "SELECT release_version FROM system.local")
     assert result.returncode == 0, result.stderr
-    assert "5.0.6" in result.stdout.split()
+    assert CASSANDRA_VERSION in result.stdout.split()

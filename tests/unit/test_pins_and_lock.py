@@ -4,11 +4,15 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+import sys
+import tomllib
+from collections import defaultdict
 
 import jinja2
 import pytest
 import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
+from packaging.requirements import Requirement
 
 from tests.unit.stack_render import filters, group_vars
 from tooling import artifacts, images, pins
@@ -32,6 +36,173 @@ def test_every_python_requirement_is_locked_at_its_pinned_version():
         for requirement in requirements:
             name, version = requirement.split("==")
             assert locked.get(name) == version, f"{requirement} is pinned but the lock has {locked.get(name)}"
+
+
+def _locked_python(lock: dict) -> dict[str, dict[str, str]]:
+    """{project: {group: version}}, read from the file names without tooling's parser."""
+    found: dict[str, dict[str, str]] = defaultdict(dict)
+    for group, entries in lock["python"].items():
+        for entry in entries:
+            name, version = entry["file"].removesuffix(".tar.gz").split("-")[:2]
+            found[re.sub(r"[-_.]+", "-", name).lower()][group] = version
+    return found
+
+
+def test_constraints_pin_exactly_the_locked_versions():
+    lock = artifacts.load_lock()
+    lines = [line for line in artifacts.constraints(lock).splitlines() if line and not line.startswith("#")]
+    constrained = dict(line.split("==") for line in lines)
+    assert len(constrained) == len(lines), "a package is constrained twice"
+    assert {name: {version} for name, version in constrained.items()} == {
+        name: set(groups.values()) for name, groups in _locked_python(lock).items()}
+
+
+def test_constraints_name_a_package_the_python_images_disagree_on():
+    lock = {"python": {"a": [{"file": "geomet-0.2.1.post1-py3-none-any.whl"}],
+                       "b": [{"file": "geomet-1.1.0-py3-none-any.whl"}]}}
+    with pytest.raises(SystemExit, match=r"geomet 0\.2\.1\.post1 in \[python\.a\] but 1\.1\.0 in \[python\.b\]"):
+        artifacts.constraints(lock)
+
+
+def test_python_images_lock_one_version_of_each_package():
+    locked = _locked_python(artifacts.load_lock())
+    driver = locked["cassandra-driver"]
+    assert {"services", "cassandra"} <= set(driver), "the services and cqlsh both use cassandra-driver"
+    assert len(set(driver.values())) == 1, f"cassandra-driver differs between the images: {driver}"
+    differ = {name: groups for name, groups in locked.items() if len(set(groups.values())) > 1}
+    assert not differ, f"one package, several versions across the python images: {differ}"
+
+
+def test_each_image_locks_one_version_of_each_maven_artifact():
+    for group, entries in artifacts.load_lock()["maven"].items():
+        versions: dict[str, set[str]] = defaultdict(set)
+        for entry in entries:
+            parts = entry["coord"].split(":")
+            versions[f"{parts[0]}:{parts[1]}"].add(parts[-1])
+        twice = {artifact: sorted(v) for artifact, v in versions.items() if len(v) > 1}
+        assert not twice, f"[maven.{group}] has artifacts in two versions (a classpath conflict): {twice}"
+
+
+def test_kafka_image_runs_the_pinned_zookeeper_and_netty():
+    pinned, lock = pins.load(), artifacts.load_lock()
+    coords = [entry["coord"] for entry in lock["maven"]["kafka"]]
+    zookeeper = pinned.versions["zookeeper"]
+    assert sorted(c for c in coords if c.startswith("org.apache.zookeeper:")) == [
+        f"org.apache.zookeeper:zookeeper-jute:{zookeeper}", f"org.apache.zookeeper:zookeeper:{zookeeper}"]
+    netty = [c for c in coords if c.startswith("io.netty:")]
+    assert netty and all(c.endswith(":" + pinned.versions["netty"]) for c in netty), netty
+    # Each one by its override, not by luck: a netty artifact Kafka adds later must be listed too.
+    overridden = {":".join(c.split(":")[:2]) for c in pinned.maven_overrides["kafka"]}
+    missing = {":".join(c.split(":")[:2]) for c in netty} - overridden
+    assert not missing, f"netty artifacts without an override in [maven.kafka]: {missing}"
+
+
+def test_every_maven_override_is_locked():
+    pinned, lock = pins.load(), artifacts.load_lock()
+    for group, overrides in pinned.maven_overrides.items():
+        locked = {entry["coord"] for entry in lock["maven"][group]}
+        for override in overrides:
+            assert override in locked, f"[maven.{group}] override {override} is not in the lock: unused, or relock"
+
+
+def _wheel_fits_the_images(filename: str, python: str, glibc: int) -> bool:
+    python_tags, abi, platform_tags = filename.removesuffix(".whl").split("-")[-3:]
+    major, minor = python.split(".")
+    cpython = f"cp{major}{minor}"
+    fits_python = any(
+        tag in (cpython, f"py{major}", f"py{major}{minor}")
+        or (abi == "abi3" and re.fullmatch(rf"cp{major}(\d+)", tag) and int(tag[3:]) <= int(minor))
+        for tag in python_tags.split("."))
+
+    def fits_platform(tag: str) -> bool:
+        manylinux = re.fullmatch(r"manylinux_2_(\d+)_x86_64", tag)
+        return tag in ("any", "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64") or bool(
+            manylinux and int(manylinux[1]) <= glibc)
+
+    return fits_python and abi in (cpython, "abi3", "none") and any(fits_platform(t) for t in platform_tags.split("."))
+
+
+def test_python_lock_holds_wheels_for_the_images_python_and_platform():
+    pinned, lock = pins.load(), artifacts.load_lock()
+    glibc = artifacts.DEBIAN_GLIBC[pinned.versions["debian"]]
+    for group, entries in lock["python"].items():
+        for entry in entries:
+            if entry["kind"] == "wheel":
+                assert _wheel_fits_the_images(entry["file"], pinned.versions["python"], glibc), (
+                    f"[python.{group}] {entry['file']} does not install on CPython {pinned.versions['python']} "
+                    f"manylinux x86_64 (glibc 2.{glibc})")
+
+
+def test_lock_resolves_for_the_images_not_for_the_host(monkeypatch, tmp_path):
+    """pip download gets the images' interpreter and platform, whatever Python runs the lock."""
+    seen = []
+
+    def run(cmd, **kwargs):
+        seen.append(cmd)
+        (tmp_path / "py-g").mkdir()
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(artifacts, "_sdist_only", lambda requirement: None)
+    monkeypatch.setattr(artifacts.subprocess, "run", run)
+    artifacts._resolve_python("g", ["thing==1.0"], tmp_path, {"debian": "bookworm", "python": "3.11"})
+    command = " ".join(seen[0])
+    for wanted in ("--only-binary=:all:", "--python-version 3.11", "--implementation cp", "--abi cp311",
+                   "--platform manylinux_2_36_x86_64", "--platform manylinux2014_x86_64"):
+        assert wanted in command
+    assert "manylinux_2_37" not in command and "--prefer-binary" not in command
+    platforms = [seen[0][i + 1] for i, arg in enumerate(seen[0]) if arg == "--platform"]
+    assert all(p.endswith("_x86_64") for p in platforms)
+
+
+def test_unknown_debian_release_is_named():
+    with pytest.raises(SystemExit, match="unknown Debian release 'sid'"):
+        artifacts.target_pip_args({"debian": "sid", "python": "3.11"})
+
+
+def _pyproject() -> dict:
+    with (pins.REPO_ROOT / "pyproject.toml").open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def test_pyproject_ranges_admit_the_locked_versions():
+    locked = artifacts.locked_python_versions(artifacts.load_lock())
+    for dependency in _pyproject()["project"]["dependencies"]:
+        requirement = Requirement(dependency)
+        version = locked.get(artifacts.project_name(requirement.name))
+        assert version, f"{requirement.name} is a runtime dependency but not in the services lock"
+        assert requirement.specifier.contains(version), f"pyproject.toml's {dependency} excludes the locked {version}"
+
+
+def test_ruff_is_pinned_exactly():
+    dev = _pyproject()["project"]["optional-dependencies"]["dev"]
+    assert [d for d in dev if re.fullmatch(r"ruff==[0-9.]+", d)], f"pin ruff exactly in the dev extra: {dev}"
+
+
+def test_venv_is_installed_with_the_lock_and_remade_when_it_changes():
+    text = (pins.REPO_ROOT / "scripts" / "_venv.sh").read_text()
+    assert "tooling.artifacts constraints" in text
+    assert '-c "$venv/constraints.txt"' in text
+    assert re.search(r"want=.*\$constraints", text), "the venv's stamp must cover the lock's constraints"
+
+
+def test_the_venv_runs_the_locked_versions():
+    """pip freeze of the running venv against the lock, for every package they share."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running in a venv")
+    shared, differ = artifacts.env_mismatches(artifacts.load_lock())
+    assert shared, "no locked package is installed: is this the project's venv?"
+    assert not differ, (f"{sys.prefix} runs other versions than the images: {differ} "
+                        "(source scripts/_venv.sh, or `scripts/artifacts check-env --sync`)")
+
+
+def test_cassandra_image_names_only_locked_jars():
+    locked = {artifacts.maven_path(e["coord"]).rsplit("/", 1)[1] for e in artifacts.load_lock()["maven"]["cassandra"]}
+    folder = pins.REPO_ROOT / "images" / "cassandra"
+    named = {(path.relative_to(folder), jar) for path in folder.rglob("*") if path.is_file()
+             for jar in re.findall(r"/opt/cassandra/lib/([\w.-]+\.jar)", path.read_text())}
+    assert named, "images/cassandra names no jar (the jamm agent, cassandra-all)"
+    stale = sorted(f"{path}: {jar}" for path, jar in named if jar not in locked)
+    assert not stale, f"images/cassandra names jars the lock does not hold (version bump?): {stale}"
 
 
 def test_kafka_line_keeps_zookeeper_mode():
