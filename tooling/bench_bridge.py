@@ -42,7 +42,7 @@ from services.bridge.settings import BridgeSettings
 from services.common import names
 from services.common.observability import StopFlag
 from tooling.progress import log
-from tooling.testbed.docker_lab import Lab, docker, free_port, image, wait_until
+from tooling.testbed.docker_lab import Lab, docker, free_port, mosquitto_password_file, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 USER, PASSWORD = "bench", "bench-pw"
@@ -166,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab()
     try:
         secrets = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
-        secrets.chmod(0o777)
-        docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"), "mosquitto_passwd", "-b", "-c",
-               "/out/passwd", USER, PASSWORD)
+        mosquitto_password_file(secrets, {USER: PASSWORD})
         log("bench", "starting mosquitto and kafka")
         lab.run("mosquitto", "mosquitto", ports={free_port(): 1883}, volumes={str(secrets): "/run/secrets:ro"},
                 env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="768m")

@@ -23,8 +23,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from iot_jobs import records
 from iot_jobs.hysteresis import SensorState, ThresholdConfig, advance
-from services.common import contracts, names
+from services.common import contracts
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 EVENT_FIELDS = contracts.THRESHOLD_EVENT.field_names()
@@ -75,12 +76,7 @@ def detect_thresholds(readings: DataFrame, registrations: DataFrame | None, conf
 
 def events_to_kafka(events: DataFrame) -> DataFrame:
     """THRESHOLD_EVENT rows -> Kafka records keyed by sensor_id, with the site header like readings."""
-    return events.select(
-        F.col("sensor_id").alias("key"),
-        F.to_json(F.struct(*[F.col(f) for f in EVENT_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
-                         F.col("site").cast("binary").alias("value"))).alias("headers"),
-    )
+    return records.keyed_by_sensor(events, EVENT_FIELDS)
 
 
 def run_sequence(sensor_id: str, state: SensorState, rows: pd.DataFrame, sensor_type: str | None,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from services.common import contracts, names
+from iot_jobs import records
+from services.common import contracts
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 # Value of a `notifications` record: the text plus the joined fields.
@@ -111,9 +112,4 @@ def notifications(events: DataFrame, sensors: DataFrame, devices: DataFrame) -> 
 
 
 def notifications_to_kafka(rows: DataFrame) -> DataFrame:
-    return rows.select(
-        F.col("sensor_id").alias("key"),
-        F.to_json(F.struct(*[F.col(f) for f in NOTIFICATION_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
-                         F.col("site").cast("binary").alias("value"))).alias("headers"),
-    )
+    return records.keyed_by_sensor(rows, NOTIFICATION_FIELDS)

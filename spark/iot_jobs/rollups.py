@@ -4,7 +4,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from services.common import contracts, names
+from iot_jobs import records
+from services.common import contracts
 
 ROLLUP_FIELDS = contracts.ROLLUP.field_names()
 
@@ -31,9 +32,4 @@ def rollup_1m(readings: DataFrame, watermark: str) -> DataFrame:
 
 
 def rollups_to_kafka(rollups: DataFrame) -> DataFrame:
-    return rollups.select(
-        F.col("sensor_id").alias("key"),
-        F.to_json(F.struct(*[F.col(f) for f in ROLLUP_FIELDS])).alias("value"),
-        F.array(F.struct(F.lit(names.HEADER_SITE).alias("key"),
-                         F.col("site").cast("binary").alias("value"))).alias("headers"),
-    )
+    return records.keyed_by_sensor(rollups, ROLLUP_FIELDS)

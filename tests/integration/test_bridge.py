@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from services.common import names
-from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.docker_lab import docker, free_port, mosquitto_password_file, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 SITE = "site-a"
@@ -30,10 +30,7 @@ MAX_PAYLOAD = 4096
 @pytest.fixture(scope="module")
 def stack(lab, tmp_path_factory):
     secrets = tmp_path_factory.mktemp("bridge-secrets")
-    secrets.chmod(0o777)
-    docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"), "sh", "-c",
-           f"mosquitto_passwd -b -c /out/passwd {DEVICE} {DEVICE_PW} && "
-           f"mosquitto_passwd -b /out/passwd {BRIDGE} {BRIDGE_PW} && chmod 644 /out/passwd")
+    mosquitto_password_file(secrets, {DEVICE: DEVICE_PW, BRIDGE: BRIDGE_PW})
     (secrets / "mqtt_password").write_text(BRIDGE_PW + "\n")
     (secrets / "mqtt_password").chmod(0o644)
     mqtt_port, metrics_port = free_port(), free_port()

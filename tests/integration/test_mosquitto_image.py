@@ -7,7 +7,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.docker_lab import free_port, mosquitto_password_file, wait_until
 
 USER, PASSWORD = "device-7", "s3cret-for-tests"
 
@@ -15,10 +15,7 @@ USER, PASSWORD = "device-7", "s3cret-for-tests"
 @pytest.fixture(scope="module")
 def broker(lab, tmp_path_factory):
     secrets = tmp_path_factory.mktemp("mosquitto-secrets")
-    secrets.chmod(0o777)
-    # Hash the password with the image's own mosquitto_passwd, as an operator would.
-    docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"),
-           "mosquitto_passwd", "-b", "-c", "/out/passwd", USER, PASSWORD)
+    mosquitto_password_file(secrets, {USER: PASSWORD})
     port = free_port()
     lab.run("mosquitto", "mosquitto", ports={port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
             env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")

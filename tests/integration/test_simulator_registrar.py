@@ -10,7 +10,7 @@ from confluent_kafka import Consumer
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from services.common import contracts, names
-from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.docker_lab import docker, free_port, image, mosquitto_password_file, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
 USER, PASSWORD = "simulator", "sim-secret"
@@ -21,9 +21,7 @@ REGISTRATION_TOPICS = (names.SENSOR_TYPE_REGISTRATION, names.DEVICE_REGISTRATION
 @pytest.fixture(scope="module")
 def mosquitto(lab, tmp_path_factory):
     secrets = tmp_path_factory.mktemp("secrets")
-    secrets.chmod(0o777)
-    docker("run", "--rm", "-v", f"{secrets}:/out", image("mosquitto"),
-           "mosquitto_passwd", "-b", "-c", "/out/passwd", USER, PASSWORD)
+    mosquitto_password_file(secrets, {USER: PASSWORD})
     (secrets / "mqtt_password").write_text(PASSWORD)
     (secrets / "mqtt_password").chmod(0o644)
     port = free_port()
