@@ -29,19 +29,35 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the lab smoke that scripts/test runs by default")
 
 
+STEPS: list[tuple[str, float, int]] = []     # (scripts/lab command, seconds, exit status), for the summary
+
+
 def run_lab(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "tooling.lab", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=timeout)
+    STEPS.append((f"scripts/lab {' '.join(args)}", time.monotonic() - started, result.returncode))
     sys.stderr.write(result.stderr[-20000:])
-    print(f"\n[lab] scripts/lab {' '.join(args)}: {time.monotonic() - started:.0f}s (exit {result.returncode})",
-          file=sys.__stderr__, flush=True)
     assert result.returncode == 0, f"scripts/lab {' '.join(args)} failed:\n{result.stderr[-5000:]}"
     return result
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The lab's own steps next to pytest's --durations: where the time went."""
+    if STEPS:
+        terminalreporter.section("lab steps")
+        for step, seconds, code in STEPS:
+            terminalreporter.write_line(f"{seconds:7.0f}s  {step}" + (f"  (exit {code})" if code else ""))
+    for diagnosis in DIAGNOSES:
+        terminalreporter.section("lab diagnosis")
+        terminalreporter.write_line(diagnosis)
+
+
+DIAGNOSES: list[str] = []
+
+
 def print_diagnosis(why: str) -> None:
-    """Services of every site, with tasks and logs of the failing ones, straight to the terminal."""
+    """Services of every site, with tasks and logs of the failing ones: in the failing test's output and the summary."""
     hosts = lab.existing_hosts()
     if not hosts:
         return
@@ -49,7 +65,8 @@ def print_diagnosis(why: str) -> None:
         report = lab.diagnose(hosts)
     except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
         report = f"(diagnosis failed: {err})"
-    print(f"\n[lab] {why}; the lab's services:\n{report}", file=sys.__stderr__, flush=True)
+    DIAGNOSES.append(f"{why}; the lab's services:\n{report}")
+    print(f"\n[lab] {DIAGNOSES[-1]}", file=sys.stderr, flush=True)    # in the failing test's captured output
 
 
 @pytest.fixture(scope="session")
