@@ -46,7 +46,20 @@ Kafka failures
   error ends the process without acking: the broker redelivers to the next one.
   If the MQTT connection drops, the window is forgotten (not acked) and the
   broker redelivers on the resumed session: duplicates are possible, loss is not.
-  Reconnects back off from 0.5 s to 10 s while the broker is unreachable.
+
+MQTT failures (docs/architecture.md, "What a Mosquitto crash costs")
+  Reconnects retry from 0.25 s, doubling to at most 2 s, and the delay only goes
+  back to 0.25 s once a connection was subscribed: a broker that keeps refusing
+  or dropping the bridge is retried every 2 s, never in a tight loop. The cap is
+  short because Mosquitto 2.0 does not persist shared subscriptions: after a
+  Mosquitto restart nothing routes to the bridge until it has subscribed again,
+  so every second of reconnect delay is a second of readings the broker accepts
+  and drops (MQTT v5 devices get PUBACK 0x10 "no matching subscribers" for them).
+  Every connect subscribes again, session or not. A SUBACK that refuses a filter
+  or grants QoS 0 makes the bridge unhealthy (its messages would be lost or
+  unrouted). A resumed connection without the session we had (Session Present
+  0) means the broker lost it and whatever it had queued for us: counted
+  (bridge_sessions_lost_total) and logged as an error.
 
 Shutdown
   On SIGTERM the bridge stops taking messages, lets Kafka confirm what is in
@@ -84,7 +97,8 @@ log = logging.getLogger("bridge")
 _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
               KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
 RETRY_DELAY_S = 1.0
-RECONNECT_MIN_S, RECONNECT_MAX_S = 0.5, 10.0   # MQTT reconnect backoff while the broker is unreachable
+# MQTT reconnect backoff; short cap: see "MQTT failures" above.
+RECONNECT_MIN_S, RECONNECT_MAX_S = 0.25, 2.0
 KAFKA_HEALTHY_WITHIN_S = 30.0
 READ_BATCH = 1000          # messages handed over per loop turn before serving Kafka again
 
@@ -110,10 +124,13 @@ class Bridge:
         self.subscriptions = [f"$share/{s.share_group}/{sub}" for sub in mapping.subscriptions()]
         self.window = Window(s.window)
         self.connected = False
+        self.subscribed = False           # every filter granted at QoS 1 on this connection
+        self.subscription_problem: str | None = None
+        self.had_session = False          # a subscribed session existed in this process (to tell a lost one)
         self.fatal: str | None = None
         self.kafka_ok_at = 0.0
         self.reconnect_at = 0.0
-        self.backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)     # while the broker is unreachable
+        self.backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)     # reset only once subscribed
         self.retries: list[tuple[float, int]] = []
         self.log_after: dict[str, float] = {}
         # Metrics counted in plain ints on the hot path, pushed once per loop turn (_push_metrics).
@@ -148,28 +165,44 @@ class Bridge:
                 fix="check BRIDGE_MQTT_USERNAME, the mqtt_password secret and the broker's password file/ACL"))
             return
         self.connected = True
-        self.backoff.reset()
         metrics.MQTT_CONNECTED.set(1)
+        if self.had_session and not session_present:
+            metrics.SESSIONS_LOST.inc()
+            log.error("the MQTT broker lost the bridge's session (Session Present 0): whatever it had queued for "
+                      "the bridge is gone; subscribing again", extra=kv(
+                          client_id=self.s.client_id, session_expiry_s=self.s.session_expiry_s,
+                          fix="check that Mosquitto's store survives restarts (persistence volume) and that the "
+                              "bridge is never away longer than BRIDGE_SESSION_EXPIRY_S"))
         log.info("MQTT connected", extra=kv(client_id=self.s.client_id, session_present=session_present,
                                             subscriptions=",".join(self.subscriptions)))
+        # Always: Mosquitto 2.0 restores sessions from its store without their shared subscriptions.
         self.client.subscribe(self.subscriptions, qos=1)
 
     def _on_subscribe(self, _mid: int, reason_codes: list[int]) -> None:
-        for sub, code in zip(self.subscriptions, reason_codes, strict=False):
-            if code >= 0x80:
-                log.error("subscription refused", extra=kv(filter=sub, reason=reason_name(code),
-                                                           fix="allow the bridge user to read it in the ACL"))
+        problems = subscription_problems(self.subscriptions, reason_codes)
+        for problem in problems:
+            log.error("subscription not granted as asked; the bridge reports unhealthy", extra=kv(
+                problem=problem, fix="allow the bridge user to read every mapped filter at QoS 1 in the ACL"))
+        self.subscription_problem = "; ".join(problems) or None
+        self.subscribed = not problems
+        metrics.SUBSCRIBED.set(1 if self.subscribed else 0)
+        if self.subscribed:
+            self.had_session = True
+            self.backoff.reset()
 
     def _on_disconnect(self, why: str) -> None:
         was = self.connected
-        self.connected = False
+        self.connected = self.subscribed = False
         metrics.MQTT_CONNECTED.set(0)
+        metrics.SUBSCRIBED.set(0)
         dropped = self.window.reset()
         metrics.REDELIVERY_EXPECTED.inc(dropped)
         metrics.IN_FLIGHT.set(0)
-        self.reconnect_at = time.monotonic() + (0.2 if was else self.backoff.next())
+        delay = self.backoff.next()
+        self.reconnect_at = time.monotonic() + delay
         if was or dropped:
-            log.warning("MQTT disconnected", extra=kv(reason=why, unacked_redelivered_by_broker=dropped))
+            log.warning("MQTT disconnected", extra=kv(reason=why, unacked_redelivered_by_broker=dropped,
+                                                      retry_in_s=delay))
 
     def _on_message(self, topic: str, payload: bytes, mid: int, qos: int, user: list | None) -> None:
         """One incoming PUBLISH (the hot path): route it, remember it in the window, produce it."""
@@ -337,9 +370,10 @@ class Bridge:
 
     def health(self) -> tuple[bool, str]:
         kafka_age = time.monotonic() - self.kafka_ok_at
-        ok = self.connected and kafka_age < KAFKA_HEALTHY_WITHIN_S
-        return ok, (f"{'ok' if ok else 'unhealthy'} mqtt_connected={self.connected} "
-                    f"kafka_last_answer_s={kafka_age:.1f} in_flight={len(self.window)}")
+        ok = self.connected and self.subscribed and kafka_age < KAFKA_HEALTHY_WITHIN_S
+        detail = f" subscription_problem={self.subscription_problem!r}" if self.subscription_problem else ""
+        return ok, (f"{'ok' if ok else 'unhealthy'} mqtt_connected={self.connected} subscribed={self.subscribed} "
+                    f"kafka_last_answer_s={kafka_age:.1f} in_flight={len(self.window)}{detail}")
 
     def run(self) -> int:
         log.info("bridge starting", extra=kv(client_id=self.s.client_id, mqtt=f"{self.s.mqtt_host}:{self.s.mqtt_port}",
@@ -387,6 +421,20 @@ class Bridge:
         if now >= self.log_after.get(key, 0.0):
             self.log_after[key] = now + 10.0
             log.log(level, msg, extra=kv(**fields))
+
+
+def subscription_problems(filters: list[str], reason_codes: list[int]) -> list[str]:
+    """What a SUBACK did not grant: refused filters, QoS below 1 (messages could be lost), missing codes."""
+    problems = []
+    for i, sub in enumerate(filters):
+        code = reason_codes[i] if i < len(reason_codes) else None
+        if code is None:
+            problems.append(f"{sub}: no reason code in the SUBACK")
+        elif code >= 0x80:
+            problems.append(f"{sub}: refused ({reason_name(code)})")
+        elif code < 1:
+            problems.append(f"{sub}: granted QoS {code} instead of 1 (unacknowledged delivery could lose messages)")
+    return problems
 
 
 def load_mapping(path: str | None) -> Mapping:

@@ -59,6 +59,9 @@ REDELIVERY_EXPECTED = Counter("bridge_unacked_on_disconnect_total",
                               "messages in flight when the MQTT connection dropped (the broker redelivers them)")
 IN_FLIGHT = Gauge("bridge_in_flight", "messages received and not yet acked (bounded by the window)")
 MQTT_CONNECTED = Gauge("bridge_mqtt_connected", "1 while the MQTT session is up")
+SUBSCRIBED = Gauge("bridge_mqtt_subscribed", "1 while every mapped filter is subscribed at QoS 1")
+SESSIONS_LOST = Counter("bridge_sessions_lost_total",
+                        "reconnects where the broker no longer had the bridge's session (its queue was lost)")
 DELIVERY_LATENCY = BucketHistogram("bridge_delivery_latency_seconds", "MQTT receipt to Kafka acknowledgement",
                                    buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
 COMMANDS = Counter("bridge_commands_forwarded_total", "device commands published to MQTT and PUBACKed")

@@ -18,9 +18,12 @@ MQTT-to-Kafka bridge of an edge site (and the Kafka-to-MQTT command path).
 
 Subscribes to every mapping rule's MQTT filter through a shared subscription
 ($share/<group>/<filter>) with a persistent MQTT v5 session, validates each
-message against its contract and produces it to Kafka. The device gets its
-PUBACK only after Kafka acknowledged the record, so nothing acknowledged is ever
-lost. Bad input goes to the dead-letter topic with a reason, then is acked.
+message against its contract and produces it to Kafka. The bridge PUBACKs a
+message to Mosquitto only after Kafka acknowledged its record, so a bridge or
+Kafka failure loses nothing Mosquitto holds. Devices get their PUBACK from
+Mosquitto on receipt: what a Mosquitto crash can cost them is stated in
+docs/architecture.md ("What a Mosquitto crash costs"). Bad input goes to the
+dead-letter topic with a reason, then is acked.
 Records on the commands topic are published to
 sites/<site>/devices/<device_id>/commands at QoS 1.
 

@@ -357,14 +357,15 @@ class MqttSession:
         self.server_max_packet = props.get(MAXIMUM_PACKET_SIZE)
         self._keepalive = int(props.get(SERVER_KEEP_ALIVE, self.keepalive))
         self.connected = True
-        # Our unacked PUBLISHes go again (DUP) in their order, within the broker's Receive Maximum.
+        # Our unacked PUBLISHes go again in their order, within the broker's Receive Maximum: as
+        # retransmissions (DUP) into a resumed session, as new messages when the broker lost it.
         resend = [mid for mid in self._inflight]
         self._waiting = deque(resend)
         sent = 0
         while self._waiting and sent < self.server_receive_maximum:
             mid = self._waiting.popleft()
             topic, payload = self._inflight[mid]
-            self._out.append(encode_publish(topic, payload, 1, mid, dup=True))
+            self._out.append(encode_publish(topic, payload, 1, mid, dup=session_present))
             sent += 1
         self.on_connect(session_present, code, props)
 

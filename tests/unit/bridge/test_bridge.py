@@ -326,3 +326,86 @@ def test_non_utf8_topic_dead_letters_as_unmapped(router):
     topic = b"sites/site-a/sensors/\xff/temp".decode(errors="replace")
     record = router.route(topic, GOOD, None, 1)
     assert (record.topic, record.reason) == ("dead-letter", "unmapped")
+
+
+# ------------------------------------------------------------------ MQTT connection state (issue 12, item 5)
+
+class _NoProducer:
+    def produce(self, *args, **kwargs):
+        raise AssertionError("not expected")
+
+    def poll(self, _timeout=0):
+        return 0
+
+    def flush(self, _timeout=0):
+        return 0
+
+
+@pytest.fixture
+def bridge(monkeypatch):
+    from services.bridge import app
+    from services.common.observability import StopFlag
+    s = bridge_settings.BridgeSettings(commands_topic=None, metrics_port=0)
+    b = app.Bridge(s, Mapping.from_dicts(DEFAULT_RULES), StopFlag(), producer=_NoProducer())
+    subscribed: list[list[str]] = []
+    monkeypatch.setattr(b.client, "subscribe", lambda filters, qos=1: subscribed.append(list(filters)) or 1)
+    b.kafka_ok_at = __import__("time").monotonic()
+    b.subscribed_calls = subscribed
+    return b
+
+
+def test_every_connect_subscribes_again_even_with_a_resumed_session(bridge):
+    # Mosquitto 2.0 restores a session from its store without its $share subscriptions.
+    bridge._on_connect(True, 0, {})
+    bridge._on_disconnect("test")
+    bridge._on_connect(True, 0, {})
+    assert bridge.subscribed_calls == [bridge.subscriptions, bridge.subscriptions]
+
+
+def test_bridge_is_healthy_only_once_every_filter_is_granted_at_qos1(bridge):
+    bridge._on_connect(False, 0, {})
+    assert bridge.health()[0] is False                      # connected, SUBACK not yet in
+    bridge._on_subscribe(1, [1])
+    assert bridge.health()[0] is True
+
+
+@pytest.mark.parametrize(("codes", "problem"), [([0x87], "refused (Not authorized)"),
+                                                ([0], "granted QoS 0 instead of 1"),
+                                                ([], "no reason code")])
+def test_refused_or_downgraded_subscription_makes_the_bridge_unhealthy(bridge, caplog, codes, problem):
+    bridge._on_connect(False, 0, {})
+    bridge._on_subscribe(1, codes)
+    ok, text = bridge.health()
+    assert not ok and problem in text
+    assert [r.levelname for r in caplog.records if "not granted" in r.getMessage()] == ["ERROR"]
+
+
+def test_session_present_0_after_a_session_is_counted_and_logged_as_lost(bridge, caplog):
+    from services.bridge import metrics
+    before = metrics.SESSIONS_LOST._value.get()
+    bridge._on_connect(False, 0, {})                        # first connect: no session yet is normal
+    bridge._on_subscribe(1, [1])
+    bridge._on_disconnect("test")
+    bridge._on_connect(True, 0, {})                         # resumed: fine
+    assert metrics.SESSIONS_LOST._value.get() == before
+    bridge._on_subscribe(2, [1])
+    bridge._on_disconnect("test")
+    bridge._on_connect(False, 0, {})                        # the broker lost it
+    assert metrics.SESSIONS_LOST._value.get() == before + 1
+    assert "lost the bridge's session" in caplog.text
+
+
+def test_reconnect_backs_off_to_2s_until_a_connection_is_subscribed(bridge, monkeypatch):
+    from services.bridge import app
+    now = [1000.0]
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    delays = []
+    for _ in range(6):                                      # a broker that accepts, then drops at once
+        bridge._on_connect(False, 0, {})
+        bridge._on_disconnect("dropped")
+        delays.append(round(bridge.reconnect_at - now[0], 2))
+    assert delays == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    bridge._on_connect(False, 0, {})
+    bridge._on_subscribe(1, [1])
+    bridge._on_disconnect("dropped")
+    assert bridge.reconnect_at - now[0] == 0.25

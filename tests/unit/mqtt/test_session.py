@@ -259,6 +259,20 @@ def test_unacked_publishes_are_resent_with_dup_on_the_next_connection(session):
     broker.close()
 
 
+def test_unacked_publishes_go_again_as_new_messages_when_the_broker_lost_the_session(session):
+    mid = session.publish("c/1", b"a")
+    session.write()
+    session.broker.recv(100)
+    session.close("test")
+    ours, broker = socket.socketpair()
+    session.sock, session.connected = ours, False
+    session.feed(b"\x20\x03\x00\x00\x00", 10)          # CONNACK, no session: not a retransmission
+    session.write()
+    assert broker.recv(100) == m.encode_publish("c/1", b"a", 1, mid, dup=False)
+    ours.close()
+    broker.close()
+
+
 def test_keepalive_sends_pingreq_when_idle_and_closes_when_nothing_answers(session, monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(session_module.time, "monotonic", lambda: now[0])
