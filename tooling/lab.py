@@ -221,6 +221,9 @@ stack_spark:
   worker_memory: 512m
   jobs: {json.dumps(LAB_JOBS)}
 stack_relay_refresh_topics_seconds: 15
+# Mosquitto's 128M: queue bounds that fit it (tests/unit/test_mosquitto_limits.py).
+stack_mqtt_max_queued_messages: 150000
+stack_mqtt_max_queued_bytes: 33554432
 health_converge_timeout: 1500
 topics_retention_ms: 86400000
 """
