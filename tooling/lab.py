@@ -11,6 +11,8 @@ starts simulated devices at every site and prints a status table.
                                  site.yml limited to the datacenter and the new site
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose           services per site; tasks and logs of those not fully running
+  scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
+                                 (scripts/lab runs `python -m tooling.chaos` for it)
   scripts/lab down               remove everything the lab made
 """
 from __future__ import annotations

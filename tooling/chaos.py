@@ -1,0 +1,534 @@
+"""The fault suite: publish at a steady rate, inject one fault, count what was kept.
+
+Each case runs against the lab (`scripts/lab up`) from outside, like an operator:
+a real MQTT v5 client publishes readings at QoS 1 to site-a's Mosquitto (one
+steady sensor at `rate` readings/s, plus "hot" sensors that open and close a
+threshold episode every few seconds), one fault is injected while it publishes,
+and after the stack has settled the case counts:
+
+- acknowledged: readings whose PUBACK had reason code 0 (a PUBACK 0x10, "no
+  matching subscribers", tells an MQTT v5 device the reading went nowhere: the
+  device here resends it, as docs/architecture.md asks of devices);
+- stored: those readings' rows in site-a's Cassandra, matched by event time;
+- lost: acknowledged and not stored (for datacenter cases: threshold events in
+  site-a's Cassandra that never reached the datacenter's);
+- duplicated: extra Kafka records of the same reading or event (at-least-once
+  shows up here; Cassandra rows are keyed by event time, so rows never double);
+- recovery: the longest device-to-storage latency of any reading or event
+  published after the fault, i.e. how long the fault held data up.
+
+`scripts/lab chaos [--case NAME ...]` prints one table; tests/lab/test_5_faults.py
+runs the same cases and asserts each one's bound.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from tooling import lab
+from tooling.progress import log
+
+SITE, DC = "site-a", "datacenter"
+HOT_C, NORMAL_C = 50.0, 20.0           # above / well below the default threshold (30 C, hysteresis 2)
+HOT_PERIOD_S = 4.0                      # a hot sensor: 2 s above the threshold, 2 s below, again
+HOT_RATE = 4.0                          # readings/s of each hot sensor
+
+
+# ---------------------------------------------------------------- the device
+
+class Device:
+    """A paho MQTT v5 client publishing at QoS 1; remembers which readings got PUBACK 0."""
+
+    def __init__(self, host: str, site: str, sensor: str, hot_sensors: int = 2):
+        import paho.mqtt.client as mqtt
+        self.site, self.sensor = site, sensor
+        self.hot = [f"{sensor}-hot{k}" for k in range(hot_sensors)]
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple[str, int, float]] = {}     # mid -> (sensor, event ms, temperature)
+        self.acked: dict[str, set[int]] = {s: set() for s in [sensor, *self.hot]}
+        self.hot_readings: dict[str, list[tuple[int, float]]] = {s: [] for s in self.hot}
+        self.not_routed = 0                                      # PUBACK 0x10, resent
+        self.refused = 0                                         # other reason codes >= 0x80
+        self.published = 0
+        self.last_ms = 0
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"chaos-{sensor}",
+                                  protocol=mqtt.MQTTv5)
+        self.client.username_pw_set(lab.MQTT_DEVICE_USER, lab.LAB_SECRETS["device"])
+        self.client.reconnect_delay_set(0.2, 2)
+        self.client.max_inflight_messages_set(200)
+        self.client.max_queued_messages_set(0)
+        self.client.on_publish = self._on_publish
+        self.client.connect_async(host, 1883, keepalive=10)
+        self.client.loop_start()
+
+    def _now_ms(self) -> int:
+        """Wall-clock event time, strictly increasing: every reading is its own row."""
+        self.last_ms = max(int(time.time() * 1000), self.last_ms + 1)
+        return self.last_ms
+
+    def publish(self, sensor: str, temperature: float, event_ms: int | None = None) -> None:
+        from services.common import names
+        event_ms = event_ms or self._now_ms()
+        payload = json.dumps({"timestamp": event_ms, "temperature": temperature, "unit": "C"})
+        with self.lock:
+            info = self.client.publish(names.MQTT_READINGS.format(site=self.site, sensor_id=sensor), payload, qos=1)
+            self.pending[info.mid] = (sensor, event_ms, temperature)
+            self.published += 1
+
+    def _on_publish(self, _client, _userdata, mid, reason_code, _properties) -> None:
+        with self.lock:
+            sent = self.pending.pop(mid, None)
+        if sent is None:
+            return
+        sensor, event_ms, temperature = sent
+        code = getattr(reason_code, "value", reason_code)
+        if code == 0:
+            self.acked[sensor].add(event_ms)
+            if sensor in self.hot_readings:
+                self.hot_readings[sensor].append((event_ms, temperature))
+        elif code == 0x10:               # routed nowhere: not delivered, so publish it again
+            self.not_routed += 1
+            threading.Timer(0.2, self.publish, (sensor, temperature, event_ms)).start()
+        else:
+            self.refused += 1
+
+    def run(self, seconds: float, rate: float, at: dict[float, Callable[[], None]] | None = None) -> None:
+        """Publish for `seconds` at `rate` readings/s (plus the hot sensors); call at[t] at t seconds."""
+        todo = sorted((at or {}).items())
+        started = time.monotonic()
+        step, hot_step = 1.0 / rate, 1.0 / HOT_RATE
+        n = hot_n = 0
+        while (elapsed := time.monotonic() - started) < seconds:
+            while todo and todo[0][0] <= elapsed:
+                threading.Thread(target=todo.pop(0)[1], daemon=True).start()
+            if elapsed >= hot_n * hot_step:
+                hot = (hot_n * hot_step) % HOT_PERIOD_S < HOT_PERIOD_S / 2
+                for sensor in self.hot:
+                    self.publish(sensor, HOT_C if hot else NORMAL_C)
+                hot_n += 1
+            self.publish(self.sensor, NORMAL_C + (n % 10) / 10)
+            n += 1
+            time.sleep(max(0.0, started + n * step - time.monotonic()))
+        for sensor in self.hot:          # close every open episode, so each one has two events
+            self.publish(sensor, NORMAL_C)
+
+    def finish(self, timeout: float = 120.0) -> None:
+        """Wait for the PUBACKs still due, then disconnect."""
+        deadline = time.monotonic() + timeout
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def transitions(self) -> int:
+        """Threshold transitions the acknowledged hot readings imply (opening + closing events)."""
+        count = 0
+        for readings in self.hot_readings.values():
+            exceeding = False
+            for _ms, temperature in sorted(readings):
+                if not exceeding and temperature > 30.0:
+                    exceeding, count = True, count + 1
+                elif exceeding and temperature < 28.0:
+                    exceeding, count = False, count + 1
+        return count
+
+
+# ---------------------------------------------------------------- reading the stack
+
+def cql_rows(host: lab.LabHost, site: str, query: str) -> list[list[str]]:
+    """Rows of a cqlsh result table (the lines between the header rule and the blank line)."""
+    lines = lab.cql(host, site, query).splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() and set(line.strip()) <= set("-+")), None)
+    out = []
+    for line in lines[start + 1:] if start is not None else []:
+        if not line.strip():
+            break
+        out.append([c.strip() for c in line.split("|")])
+    return out
+
+
+def _ms(text: str) -> int:
+    for fmt in ("%Y-%m-%d %H:%M:%S.%f%z", "%Y-%m-%d %H:%M:%S%z"):
+        try:
+            return int(datetime.strptime(text, fmt).timestamp() * 1000)
+        except ValueError:
+            continue
+    raise ValueError(f"unreadable cqlsh timestamp {text!r}")
+
+
+def _days(ms_values: set[int]) -> set[str]:
+    return {datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d") for ms in ms_values} or \
+        {datetime.now(UTC).strftime("%Y-%m-%d")}
+
+
+def stored(host: lab.LabHost, tier: str, table: str, sensor: str, days: set[str]) -> dict[tuple[int, str], int]:
+    """(event ms, is_last or '') -> write latency ms, of one sensor's rows in `tier`'s Cassandra."""
+    last = ", is_last" if table == "temperature_threshold_events" else ""
+    found: dict[tuple[int, str], int] = {}
+    for day in days:
+        query = (f"SELECT event_time, write_latency_ms{last} FROM iot.{table} "
+                 f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
+        for row in cql_rows(host, tier, query):
+            if row and row[0][:1].isdigit():
+                found[(_ms(row[0]), row[2] if last else "")] = int(row[1]) if row[1].lstrip("-").isdigit() else 0
+    return found
+
+
+def kafka_records(bootstrap: str, topic: str, keys: set[str], since_ms: int) -> dict[str, list[dict]]:
+    """Values (JSON) of the records with these keys on `topic` since `since_ms`, committed ones only."""
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-count-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    out: dict[str, list[dict]] = {k: [] for k in keys}
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        wanted = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], timeout=30)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        todo = {tp.partition for tp in wanted if 0 <= tp.offset < ends[tp.partition]}
+        consumer.assign([tp for tp in wanted if tp.partition in todo])
+        deadline = time.monotonic() + 120
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=1.0):
+                if msg.error():
+                    continue
+                if msg.offset() >= ends[msg.partition()] - 1:
+                    todo.discard(msg.partition())
+                key = (msg.key() or b"").decode(errors="replace")
+                if key in out:
+                    try:
+                        out[key].append(json.loads(msg.value()))
+                    except ValueError:
+                        pass
+            # Transaction markers take offsets too: a partition whose position passed its end is done.
+            for tp in consumer.position([TopicPartition(topic, p) for p in list(todo)]):
+                if tp.offset >= ends[tp.partition]:
+                    todo.discard(tp.partition)
+    finally:
+        consumer.close()
+    return out
+
+
+def dead_letters(bootstrap: str, since_ms: int) -> dict[str, int]:
+    """Dead-letter records since `since_ms`, counted by their source (the dlq_source header)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from services.common import names
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-dlq-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    counts: dict[str, int] = {}
+    try:
+        topic = names.DEAD_LETTER
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign(consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions],
+                                                   timeout=30))
+        quiet_until = time.monotonic() + 5
+        while time.monotonic() < quiet_until:
+            for msg in consumer.consume(500, timeout=1.0):
+                if msg.error() is None:
+                    source = dict(msg.headers() or []).get(names.HEADER_DLQ_SOURCE, b"?").decode(errors="replace")
+                    counts[source] = counts.get(source, 0) + 1
+                    quiet_until = time.monotonic() + 5
+    finally:
+        consumer.close()
+    return counts
+
+
+# ---------------------------------------------------------------- faults
+
+@dataclass
+class Lab:
+    hosts: list[lab.LabHost]
+
+    def host(self, site: str) -> lab.LabHost:
+        return lab.site_managers(self.hosts)[site]
+
+    def address(self, site: str) -> str:
+        return lab.host_ip(self.host(site))
+
+    def bootstrap(self, site: str) -> str:
+        return f"{self.address(site)}:9094"
+
+    def container(self, site: str, service: str) -> tuple[lab.LabHost, str]:
+        for host in (h for h in self.hosts if h.site == site):
+            out = lab.host_exec(host, "docker", "ps", "-q", "-f", f"name={site}_{service}.", check=False).stdout
+            if out.split():
+                return host, out.split()[0]
+        raise RuntimeError(f"no running container of {site}_{service}")
+
+    def kill(self, site: str, service: str) -> None:
+        host, container = self.container(site, service)
+        log("chaos", f"SIGKILL {site}_{service} ({container[:12]} on {host.name})")
+        lab.host_exec(host, "docker", "kill", "-s", "KILL", container)
+
+    def scale(self, site: str, service: str, replicas: int) -> None:
+        log("chaos", f"scaling {site}_{service} to {replicas}")
+        lab.host_exec(self.host(site), "docker", "service", "scale", "-d", f"{site}_{service}={replicas}")
+
+    def restart(self, site: str, service: str) -> None:
+        log("chaos", f"restarting {site}_{service} (docker service update --force)")
+        lab.host_exec(self.host(site), "docker", "service", "update", "-d", "--force", f"{site}_{service}")
+
+    def restarts(self, site: str, service: str) -> int:
+        """Tasks the service has had (its history): grows by one on every crash or restart."""
+        out = lab.host_exec(self.host(site), "docker", "service", "ps", "-q", f"{site}_{service}", check=False)
+        return len(out.stdout.split())
+
+    def cut(self, on: bool) -> None:
+        """Drop (or allow again) all traffic between the datacenter's host and every site's hosts."""
+        dc = self.host(DC)
+        flag = "-I" if on else "-D"
+        log("chaos", f"{'cutting' if on else 'restoring'} the datacenter's links to every site")
+        for host in (h for h in self.hosts if h.site != DC):
+            ip = lab.host_ip(host)
+            for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d"), ("FORWARD", "-s"), ("FORWARD", "-d")):
+                lab.host_exec(dc, "iptables", flag, chain, side, ip, "-j", "DROP", check=on)
+
+    def poison(self) -> list[str]:
+        """One unreadable record on every topic a site consumer reads; returns the topics."""
+        from confluent_kafka import Producer
+
+        from services.common import names
+        topics = [names.TEMPERATURE_DATA, names.THRESHOLD_EVENTS, names.DEVICE_REGISTRATION,
+                  names.SENSOR_REGISTRATION, names.SENSOR_TYPE_REGISTRATION, names.DEVICE_COMMANDS]
+        bad = [b'{"timestamp": 1e999, "temperature": 20, "unit": "C", "sensor_id": "p"}',
+               b"[" * 100000, b"\xff\xfe not json", b'{"timestamp": 99999999999999999999999, "temperature": 1}']
+        producer = Producer({"bootstrap.servers": self.bootstrap(SITE)})
+        for topic in topics:
+            for value in bad:
+                producer.produce(topic, value, key=b"poison")
+        assert producer.flush(30) == 0, "poison records not delivered"
+        log("chaos", f"{len(bad)} poison records on each of {', '.join(topics)}")
+        return topics
+
+
+# ---------------------------------------------------------------- cases
+
+@dataclass
+class Case:
+    name: str
+    fault: str                                   # what is done, for the table
+    inject: Callable[[Lab], None]
+    at_s: float = 10.0                           # when, after publishing started
+    seconds: float = 60.0                        # how long the device publishes
+    datacenter: bool = False                     # count threshold events at the datacenter too
+    watch: tuple[tuple[str, str], ...] = ()      # (site, service)s that must not restart (poison)
+    allowed_loss: int = 0                        # documented bound (Mosquitto's window)
+
+
+@dataclass
+class Outcome:
+    case: str
+    acknowledged: int
+    stored: int
+    lost: int
+    duplicated: int
+    recovery_s: float
+    not_routed: int = 0
+    events_site: int = 0
+    events_dc: int = 0
+    events_lost: int = 0
+    events_duplicated: int = 0
+    announced_twice: int = 0
+    restarted: dict[str, int] = field(default_factory=dict)        # watched service -> restarts
+    dead_lettered: dict[str, int] = field(default_factory=dict)    # source topic -> dead-letter records
+    notes: list[str] = field(default_factory=list)
+
+
+def _sleep_then(seconds: float, action: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        time.sleep(seconds)
+        action()
+    return run
+
+
+def _down_for(seconds: float, site: str, service: str) -> Callable[[Lab], None]:
+    def inject(lb: Lab) -> None:
+        lb.scale(site, service, 0)
+        _sleep_then(seconds, lambda: lb.scale(site, service, 1))()
+    return inject
+
+
+def _cut_for(seconds: float) -> Callable[[Lab], None]:
+    def inject(lb: Lab) -> None:
+        lb.cut(True)
+        try:
+            time.sleep(seconds)
+        finally:
+            lb.cut(False)
+    return inject
+
+
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("bridge-kill", "SIGKILL site-a's bridge", lambda lb: lb.kill(SITE, "bridge")),
+    Case("mosquitto-kill", "SIGKILL site-a's Mosquitto", lambda lb: lb.kill(SITE, "mosquitto"),
+         allowed_loss=-1),       # bounded by the documented window, reported as a figure
+    Case("kafka-broker-down", "site-a's kafka-2 stopped for 60 s", _down_for(60, SITE, "kafka-2"), seconds=90),
+    Case("cassandra-restart", "site-a's Cassandra restarted", lambda lb: lb.restart(SITE, "cassandra-1")),
+    Case("adapter-kill", "SIGKILL site-a's adapter", lambda lb: lb.kill(SITE, "cassandra-adapter")),
+    Case("dc-adapter-down", "datacenter's adapter down for 3 min", _down_for(180, DC, "cassandra-adapter"),
+         seconds=200, datacenter=True),
+    Case("mirrormaker-kill", "SIGKILL the datacenter's MirrorMaker", lambda lb: lb.kill(DC, "mirrormaker"),
+         datacenter=True),
+    Case("dc-cut-off", "datacenter cut off from every site for 5 min", _cut_for(300), seconds=320,
+         datacenter=True),
+    Case("detector-kill", "SIGKILL site-a's threshold detector mid-episode",
+         lambda lb: lb.kill(SITE, "threshold-detector"), at_s=21.0, datacenter=True),
+    Case("poison", "unreadable records on every consumed topic", lambda lb: lb.poison(),
+         watch=((SITE, "cassandra-adapter"), (SITE, "bridge"), (SITE, "threshold-detector"))),
+)}
+
+
+def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s: float = 600.0) -> Outcome:
+    lb = Lab(hosts)
+    run = uuid.uuid4().hex[:6]
+    sensor = f"chaos-{case.name}-{run}"
+    restarts_before = {w: lb.restarts(*w) for w in case.watch}
+    log("chaos", f"case {case.name}: {case.fault} at {case.at_s:.0f}s of {case.seconds:.0f}s at {rate:g}/s")
+    started_ms = int(time.time() * 1000)
+    device = Device(lb.address(SITE), SITE, sensor)
+    fault_ms: list[int] = []
+
+    def fault() -> None:
+        fault_ms.append(int(time.time() * 1000))
+        case.inject(lb)
+
+    try:
+        device.run(case.seconds, rate, {case.at_s: fault})
+        device.finish()
+    finally:
+        device.client.loop_stop()
+    acked = device.acked[sensor]
+    days = _days(acked)
+    site = lb.host(SITE)
+    # Settle: wait until every acknowledged reading is stored (or the time is up), then count.
+    deadline = time.monotonic() + settle_s
+    rows = stored(site, SITE, "temperature_readings", sensor, days)
+    while not acked <= {ms for ms, _ in rows} and time.monotonic() < deadline:
+        time.sleep(5)
+        rows = stored(site, SITE, "temperature_readings", sensor, days)
+    stored_ms = {ms for ms, _ in rows}
+    after = fault_ms[0] if fault_ms else started_ms
+    latencies = [lat for (ms, _), lat in rows.items() if ms >= after]
+    records = kafka_records(lb.bootstrap(SITE), "temperature-data", {sensor}, started_ms - 1000)[sensor]
+    outcome = Outcome(case.name, len(acked), len(acked & stored_ms), len(acked - stored_ms),
+                      max(0, len(records) - len({r.get("timestamp") for r in records})),
+                      round(max(latencies, default=0) / 1000, 1), not_routed=device.not_routed)
+    if device.refused:
+        outcome.notes.append(f"{device.refused} PUBACKs refused")
+    _count_events(lb, case, device, started_ms, after, settle_s, outcome)
+    for watched, before in restarts_before.items():
+        outcome.restarted[watched[1]] = lb.restarts(*watched) - before
+        if outcome.restarted[watched[1]]:
+            outcome.notes.append(f"{watched[1]} restarted {outcome.restarted[watched[1]]} times")
+    if case.watch:
+        outcome.dead_lettered = dead_letters(lb.bootstrap(SITE), started_ms)
+        outcome.notes.append("dead-lettered by source: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(outcome.dead_lettered.items())))
+    log("chaos", f"case {case.name}: {outcome}")
+    return outcome
+
+
+def _count_events(lb: Lab, case: Case, device: Device, started_ms: int, after_ms: int, settle_s: float,
+                  outcome: Outcome) -> None:
+    """Threshold events of the hot sensors: at the site always, at the datacenter for relay cases."""
+    site, dc = lb.host(SITE), lb.host(DC)
+    expected = device.transitions()
+    days = _days({ms for s in device.hot for ms in device.acked[s]})
+
+    def events(host: lab.LabHost, tier: str) -> dict[tuple[str, int, str], int]:
+        return {(s, ms, last): lat for s in device.hot
+                for (ms, last), lat in stored(host, tier, "temperature_threshold_events", s, days).items()}
+
+    deadline = time.monotonic() + settle_s
+    at_site = events(site, SITE)
+    while len(at_site) < expected and time.monotonic() < deadline:
+        time.sleep(5)
+        at_site = events(site, SITE)
+    outcome.events_site = len(at_site)
+    if len(at_site) < expected:
+        outcome.notes.append(f"site has {len(at_site)} of {expected} threshold events")
+    if not case.datacenter:
+        return
+    at_dc = events(dc, DC)
+    while not set(at_site) <= set(at_dc) and time.monotonic() < deadline:
+        time.sleep(5)
+        at_dc = events(dc, DC)
+    outcome.events_dc = len(at_dc)
+    outcome.events_lost = len(set(at_site) - set(at_dc))
+    relayed = kafka_records(lb.bootstrap(DC), f"{SITE}.temperature-threshold-events", set(device.hot),
+                            started_ms - 1000)
+    keys = [(s, r.get("timestamp"), r.get("is_last")) for s, recs in relayed.items() for r in recs]
+    outcome.events_duplicated = len(keys) - len(set(keys))
+    latencies = [lat for (_s, ms, _l), lat in at_dc.items() if ms >= after_ms]
+    outcome.recovery_s = max(outcome.recovery_s, round(max(latencies, default=0) / 1000, 1))
+    outcome.announced_twice = _announced_twice(lb, device, started_ms)
+
+
+def _announced_twice(lb: Lab, device: Device, since_ms: int) -> int:
+    """Notifications at the datacenter that repeat one already made for the same event."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from services.common import names
+    consumer = Consumer({"bootstrap.servers": lb.bootstrap(DC), "group.id": f"chaos-n-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    seen: list[str] = []
+    try:
+        topic = names.NOTIFICATIONS
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign(consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions],
+                                                   timeout=30))
+        quiet_until = time.monotonic() + 10
+        while time.monotonic() < quiet_until:
+            for msg in consumer.consume(500, timeout=1.0):
+                text = msg.value().decode(errors="replace") if msg.error() is None and msg.value() else ""
+                if any(s in text for s in device.hot):
+                    seen.append(text)
+                    quiet_until = time.monotonic() + 10
+    finally:
+        consumer.close()
+    return len(seen) - len(set(seen))
+
+
+# ---------------------------------------------------------------- table
+
+COLUMNS = ("case", "acknowledged", "stored", "lost", "duplicated", "recovery_s", "not_routed",
+           "events_site", "events_dc", "events_lost", "events_duplicated", "announced_twice")
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = [[str(getattr(o, c)) for c in COLUMNS] + ["; ".join(o.notes)] for o in outcomes]
+    header = [*COLUMNS, "notes"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/lab chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", default=[], choices=list(CASES), metavar="NAME",
+                        help=f"run only this case (repeatable): {', '.join(CASES)}; default: every case")
+    parser.add_argument("--rate", type=float, default=200.0, help="readings/s of the steady sensor (default 200)")
+    args = parser.parse_args(argv)
+    hosts = lab.existing_hosts()
+    if not hosts:
+        raise SystemExit("lab chaos: no lab hosts exist; run `scripts/lab up` first")
+    started = time.monotonic()
+    outcomes = []
+    for name in args.case or list(CASES):
+        outcomes.append(run_case(hosts, CASES[name], args.rate))
+        print(table(outcomes[-1:]), flush=True)
+    print(f"\nfault suite ({time.monotonic() - started:.0f}s):\n{table(outcomes)}")
+    return 0 if all(o.lost == 0 or CASES[o.case].allowed_loss < 0 for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
