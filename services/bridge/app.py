@@ -61,16 +61,24 @@ MQTT failures (docs/architecture.md, "What a Mosquitto crash costs")
   0) means the broker lost it and whatever it had queued for us: counted
   (bridge_sessions_lost_total) and logged as an error.
 
-Shutdown
-  On SIGTERM the bridge stops taking messages, lets Kafka confirm what is in
-  flight and acks it (at most BRIDGE_DRAIN_S), then sends a normal DISCONNECT:
-  the session and whatever is still unacked stay with the broker.
+Shutdown and hand-over (docs/architecture.md, "Bridge replicas")
+  Mosquitto routes a shared subscription's messages to every member's session,
+  connected or not, so a replica that stops while subscribed collects its share
+  until it comes back. On SIGTERM the bridge therefore asks BRIDGE_PEERS_DNS
+  whether another replica runs. If one does (scale-down, rolling update of one
+  of several), it unsubscribes, keeps taking what the broker had already queued
+  for its session until nothing came for HANDOVER_QUIET_S, and leaves with an
+  empty session. If it is the only one (restart of a single replica), it keeps
+  the subscription so the broker queues for it meanwhile. Either way it stops
+  within BRIDGE_DRAIN_S: Kafka confirms what is in flight, it acks that, and it
+  sends a normal DISCONNECT; what is still unacked stays with the broker.
 """
 from __future__ import annotations
 
 import json
 import logging
 import select
+import socket
 import sys
 import time
 from functools import partial
@@ -100,6 +108,7 @@ RETRY_DELAY_S = 1.0
 # MQTT reconnect backoff; short cap: see "MQTT failures" above.
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.25, 2.0
 KAFKA_HEALTHY_WITHIN_S = 30.0
+HANDOVER_QUIET_S = 1.0     # hand-over: the session's queue is empty once nothing came for this long
 READ_BATCH = 1000          # messages handed over per loop turn before serving Kafka again
 
 
@@ -132,6 +141,8 @@ class Bridge:
         self.reconnect_at = 0.0
         self.backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)     # reset only once subscribed
         self.retries: list[tuple[float, int]] = []
+        self.handing_over = False         # SIGTERM with another replica up: unsubscribed, emptying the session
+        self.last_message_at = 0.0
         self.log_after: dict[str, float] = {}
         # Metrics counted in plain ints on the hot path, pushed once per loop turn (_push_metrics).
         self._received = 0
@@ -213,7 +224,8 @@ class Bridge:
         except Exception as err:          # noqa: BLE001 - a bug must not lose or crash; dead-letter it
             record = dead_letter(self.s.dead_letter_topic, topic, None, payload, UNPROCESSABLE,
                                  repr(err), now_ms)
-        entry = self.window.add(mid, qos, time.monotonic(), record)
+        self.last_message_at = received = time.monotonic()
+        entry = self.window.add(mid, qos, received, record)
         try:                              # _produce inlined for the usual case; _send handles the rest
             self.producer.produce(record.topic, record.value, record.key, headers=record.headers,
                                   on_delivery=partial(self._delivered, entry.seq))
@@ -383,15 +395,17 @@ class Bridge:
         try:
             while self.fatal is None:
                 if self.stop.is_set():
-                    # Stop taking messages; let Kafka confirm what is in flight and ack it.
-                    drain_until = drain_until or time.monotonic() + self.s.drain_s
-                    if len(self.window) == 0 or time.monotonic() >= drain_until or not self.connected:
+                    if drain_until is None:
+                        drain_until = time.monotonic() + self.s.drain_s
+                        self._begin_stop()
+                    if self._stopped(drain_until):
                         break
                 # Window full: only Kafka can make progress, so wait in poll (it returns on the first
                 # delivery report) rather than spinning on the socket.
                 full = self.connected and self.window.room() == 0
                 busy = len(self.window) or self.retries
-                self._io(read=drain_until is None, timeout=0 if full else 0.001 if busy else 0.05)
+                self._io(read=drain_until is None or self.handing_over,
+                         timeout=0 if full else 0.001 if busy else 0.05)
                 self.producer.poll(0.005 if full else 0)
                 self._retry_due()
                 if self.connected:
@@ -408,6 +422,27 @@ class Bridge:
             return 1
         return 0
 
+    def _begin_stop(self) -> None:
+        """SIGTERM: hand the subscription over if another replica runs, else keep it (see the module doc)."""
+        others = peers_alive(self.s.peers_dns) if self.s.peers_dns and self.connected else []
+        if others:
+            self.handing_over = True
+            self.last_message_at = time.monotonic()
+            self.client.unsubscribe(self.subscriptions)
+            log.info("stopping with other replicas up: unsubscribed, taking what the broker still queued for "
+                     "this session", extra=kv(peers=",".join(others)))
+        else:
+            log.info("stopping: the subscription stays, so the broker queues for this session meanwhile",
+                     extra=kv(peers_dns=self.s.peers_dns or "unset"))
+
+    def _stopped(self, drain_until: float) -> bool:
+        now = time.monotonic()
+        if now >= drain_until or not self.connected:
+            return True
+        if self.handing_over and now - self.last_message_at < HANDOVER_QUIET_S:
+            return False
+        return len(self.window) == 0
+
     def _shutdown(self) -> None:
         unacked = len(self.window)
         self.client.disconnect()              # session persists: the broker keeps unacked messages
@@ -421,6 +456,19 @@ class Bridge:
         if now >= self.log_after.get(key, 0.0):
             self.log_after[key] = now + 10.0
             log.log(level, msg, extra=kv(**fields))
+
+
+def peers_alive(name: str) -> list[str]:
+    """Addresses `name` resolves to besides our own: the other running replicas (Swarm dnsrr lists each task)."""
+    try:
+        theirs = {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return []
+    try:
+        mine = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        mine = set()
+    return sorted(theirs - mine)
 
 
 def subscription_problems(filters: list[str], reason_codes: list[int]) -> list[str]:

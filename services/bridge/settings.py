@@ -54,6 +54,7 @@ class BridgeSettings:
     commands_group: str = "bridge-commands"
     metrics_port: int = 9102
     drain_s: float = 8.0
+    peers_dns: str | None = None
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -113,6 +114,10 @@ OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("drain_s", "BRIDGE_DRAIN_S", _D.drain_s,
                     "seconds to flush Kafka and send the last PUBACKs on SIGTERM (keep below the stop grace period)",
                     float, flag="--drain"),
+    settings.Option("peers_dns", "BRIDGE_PEERS_DNS", None,
+                    "DNS name that lists every running replica (Swarm: the service name, endpoint_mode dnsrr); "
+                    "on SIGTERM a replica that sees another one unsubscribes and takes what the broker still "
+                    "queued for it, so a scale-down strands nothing; unset means always keep the subscription"),
     settings.Option("log_level", "BRIDGE_LOG_LEVEL", _D.log_level, "log level"),
 )
 
@@ -128,4 +133,4 @@ def from_args(argv: list[str] | None = None) -> BridgeSettings:
     return BridgeSettings(**{
         **v, "mqtt_username": v["mqtt_username"] or None, "commands_topic": commands,
         "client_id": v["client_id"] or f"bridge-{socket.gethostname()}",
-        "mapping_file": v["mapping_file"] or None, "site": v["site"] or None})
+        "mapping_file": v["mapping_file"] or None, "site": v["site"] or None, "peers_dns": v["peers_dns"] or None})

@@ -9,7 +9,7 @@ import struct
 
 # Packet types (first nibble of the fixed header).
 CONNECT, CONNACK, PUBLISH, PUBACK = 1, 2, 3, 4
-SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = 8, 9, 12, 13, 14, 15
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = 8, 9, 10, 11, 12, 13, 14, 15
 
 RECV_BYTES = 256 * 1024          # one recv; also the most we buffer before letting TCP push back
 MAX_VARINT = 268_435_455         # largest Variable Byte Integer (4 bytes)
@@ -125,6 +125,11 @@ def encode_subscribe(mid: int, filters: list[str], qos: int = 1) -> bytes:
     """SUBSCRIBE with options byte = QoS (No Local 0, Retain As Published 0, Retain Handling 0)."""
     body = _U16_S.pack(mid) + b"\x00" + b"".join(_utf8(f) + bytes((qos,)) for f in filters)
     return _packet(SUBSCRIBE << 4 | 0x02, body)
+
+
+def encode_unsubscribe(mid: int, filters: list[str]) -> bytes:
+    body = _U16_S.pack(mid) + b"\x00" + b"".join(_utf8(f) for f in filters)
+    return _packet(UNSUBSCRIBE << 4 | 0x02, body)
 
 
 def encode_puback(mid: int) -> bytes:

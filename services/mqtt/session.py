@@ -48,6 +48,7 @@ from services.mqtt.codec import (
     RECV_BYTES,
     SERVER_KEEP_ALIVE,
     SUBACK,
+    UNSUBACK,
     MalformedPacket,
     decode_properties,
     decode_publish,
@@ -56,6 +57,7 @@ from services.mqtt.codec import (
     encode_disconnect,
     encode_publish,
     encode_subscribe,
+    encode_unsubscribe,
     reason_name,
 )
 
@@ -82,6 +84,7 @@ class MqttSession:
         self.on_disconnect: Callable[[str], None] = _ignore                  # (why)
         self.on_message: Callable[[str, bytes, int, int, list | None], None] = _ignore  # topic, payload, mid, qos, user
         self.on_suback: Callable[[int, list[int]], None] = _ignore           # (mid, reason codes)
+        self.on_unsuback: Callable[[int, list[int]], None] = _ignore         # (mid, reason codes)
         self.on_puback: Callable[[int, int], None] = _ignore                 # (mid, reason code) of our PUBLISH
         self.sock: socket.socket | None = None
         self.connected = False
@@ -180,6 +183,12 @@ class MqttSession:
     def subscribe(self, filters: list[str], qos: int = 1) -> int:
         mid = self._new_mid()
         self._out.append(encode_subscribe(mid, filters, qos))
+        self.write()
+        return mid
+
+    def unsubscribe(self, filters: list[str]) -> int:
+        mid = self._new_mid()
+        self._out.append(encode_unsubscribe(mid, filters))
         self.write()
         return mid
 
@@ -329,6 +338,12 @@ class MqttSession:
             mid = data[pos] << 8 | data[pos + 1]
             _props, _user, at = decode_properties(data, pos + 2, end)
             self.on_suback(mid, list(data[at:end]))
+        elif kind == UNSUBACK:
+            if end - pos < 3:
+                raise MalformedPacket("UNSUBACK shorter than 3 bytes")
+            mid = data[pos] << 8 | data[pos + 1]
+            _props, _user, at = decode_properties(data, pos + 2, end)
+            self.on_unsuback(mid, list(data[at:end]))
         elif kind == CONNACK:
             self._connack(data, pos, end)
         elif kind == DISCONNECT:

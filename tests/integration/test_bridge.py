@@ -38,14 +38,16 @@ def stack(lab, tmp_path_factory):
             env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
     cluster = start_kafka_cluster(lab)
     create_topics(cluster, names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS)
+    # "bridges" names every replica, as Swarm's DNS names a service's tasks (BRIDGE_PEERS_DNS).
     bridge = lab.run("services", "bridge", "iot-bridge", memory="256m", ports={metrics_port: 9102},
-                     volumes={str(secrets): "/run/secrets:ro"}, env={
-                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE,
+                     volumes={str(secrets): "/run/secrets:ro"}, aliases=("bridges",), env={
+                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_PEERS_DNS": "bridges",
                          "BRIDGE_CLIENT_ID": "bridge-1", "BRIDGE_KAFKA_BOOTSTRAP": cluster.internal,
                          "BRIDGE_SITE": SITE, "BRIDGE_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD),
                          # Short enough that the Kafka outage test also exercises re-produce.
                          "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS": "15000"})
-    stack = {"mqtt_port": mqtt_port, "metrics": f"http://127.0.0.1:{metrics_port}", "kafka": cluster.external,
+    stack = {"secrets": secrets, "kafka_internal": cluster.internal,
+             "mqtt_port": mqtt_port, "metrics": f"http://127.0.0.1:{metrics_port}", "kafka": cluster.external,
              "bridge": bridge, "broker": f"{lab.network}-{cluster.broker}", "lab": lab}
     wait_until("bridge healthy", lambda: _health(stack)[0] == 200, timeout=120,
                on_timeout=lambda: lab.logs("bridge") + lab.logs("mosquitto"))
@@ -284,3 +286,37 @@ def test_kafka_down_for_30s_mid_stream_loses_nothing(stack):
 
     _stream_through_disruption(stack, "outage", 3000, outage)
     wait_until("bridge healthy again", lambda: _health(stack)[0] == 200, timeout=120)
+
+
+def test_a_replica_stopped_beside_another_hands_its_share_over_and_strands_nothing(stack):
+    """Scale-down of two replicas to one: the stopped replica unsubscribes and empties its session, so every
+    PUBACKed reading reaches Kafka while it stays away (Mosquitto would otherwise keep queueing its share
+    of the shared subscription in its session until the session expires, a day later)."""
+    lab = stack["lab"]
+    second = lab.run("services", "bridge-b", "iot-bridge", memory="256m", aliases=("bridges",),
+                     volumes={str(stack["secrets"]): "/run/secrets:ro"}, env={
+                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE,
+                         "BRIDGE_PEERS_DNS": "bridges", "BRIDGE_CLIENT_ID": "bridge-2",
+                         "BRIDGE_KAFKA_BOOTSTRAP": stack["kafka_internal"], "BRIDGE_SITE": SITE,
+                         "BRIDGE_COMMANDS_TOPIC": "none"})
+
+    def second_healthy() -> bool:
+        probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9102/healthz', timeout=3)"
+        return docker("exec", second, "python", "-c", probe, check=False).returncode == 0
+
+    try:
+        wait_until("second replica healthy", second_healthy, timeout=120, on_timeout=lambda: lab.logs("bridge-b"))
+        took: list[float] = []
+
+        def scale_down():
+            start = time.monotonic()
+            docker("stop", "-t", "15", second)
+            took.append(time.monotonic() - start)
+
+        _stream_through_disruption(stack, "handover", 3000, scale_down)
+        logs = lab.logs("bridge-b", tail=200)
+        assert docker("inspect", "-f", "{{.State.ExitCode}}", second).stdout.strip() == "0", logs
+        assert "unsubscribed" in logs, logs
+        assert took[0] < 12, f"the hand-over took {took[0]:.1f}s"
+    finally:
+        docker("rm", "-f", second, check=False)

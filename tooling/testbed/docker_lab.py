@@ -74,11 +74,13 @@ class Lab:
 
     def run(self, image_name: str, name: str, *args: str, env: dict[str, str] | None = None,
             ports: dict[int, int] | None = None, volumes: dict[str, str] | None = None,
-            memory: str = "1g") -> str:
-        """Start a detached container; `name` is also its DNS name on the network."""
+            memory: str = "1g", aliases: tuple[str, ...] = ()) -> str:
+        """Start a detached container; `name` (and each of `aliases`) is its DNS name on the network."""
         cname = f"{self.network}-{name}"
         cmd = ["run", "-d", "--name", cname, "--hostname", name, "--network", self.network,
                "--network-alias", name, "--memory", memory]
+        for alias in aliases:
+            cmd += ["--network-alias", alias]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]
         for host_port, container_port in (ports or {}).items():

@@ -409,3 +409,52 @@ def test_reconnect_backs_off_to_2s_until_a_connection_is_subscribed(bridge, monk
     bridge._on_subscribe(1, [1])
     bridge._on_disconnect("dropped")
     assert bridge.reconnect_at - now[0] == 0.25
+
+
+# ------------------------------------------------------------------ hand-over on SIGTERM (issue 12, item 4)
+
+def test_peers_are_the_addresses_of_the_service_name_besides_our_own(monkeypatch):
+    from services.bridge import app
+
+    def getaddrinfo(name, *_args, **_kwargs):
+        ips = {"bridge": ["10.0.0.5", "10.0.0.6"], "me": ["10.0.0.5"]}[name]
+        return [(2, 1, 6, "", (ip, 0)) for ip in ips]
+    monkeypatch.setattr(app.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(app.socket, "gethostname", lambda: "me")
+    assert app.peers_alive("bridge") == ["10.0.0.6"]
+
+
+def test_unresolvable_peers_name_means_no_peers(monkeypatch):
+    from services.bridge import app
+
+    def fail(*_args, **_kwargs):
+        raise OSError("no such name")
+    monkeypatch.setattr(app.socket, "getaddrinfo", fail)
+    assert app.peers_alive("bridge") == []
+
+
+@pytest.mark.parametrize(("peers", "hands_over"), [(["10.0.0.6"], True), ([], False)])
+def test_sigterm_unsubscribes_only_when_another_replica_runs(bridge, monkeypatch, peers, hands_over):
+    from services.bridge import app
+    unsubscribed = []
+    monkeypatch.setattr(app, "peers_alive", lambda _name: peers)
+    monkeypatch.setattr(bridge.client, "unsubscribe", lambda filters: unsubscribed.append(filters) or 1)
+    bridge.s = bridge_settings.BridgeSettings(commands_topic=None, metrics_port=0, peers_dns="bridge")
+    bridge._on_connect(True, 0, {})
+    bridge._begin_stop()
+    assert bridge.handing_over is hands_over
+    assert unsubscribed == ([bridge.subscriptions] if hands_over else [])
+
+
+def test_handing_over_waits_until_the_session_queue_went_quiet(bridge, monkeypatch):
+    from services.bridge import app
+    now = [100.0]
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    bridge._on_connect(True, 0, {})
+    bridge.handing_over, bridge.last_message_at = True, 99.5       # a message 0.5 s ago, window empty
+    assert bridge._stopped(drain_until=120.0) is False
+    now[0] = 100.6                                                 # quiet for 1.1 s
+    assert bridge._stopped(drain_until=120.0) is True
+    bridge.last_message_at = now[0]
+    now[0] = 121.0                                                 # the drain limit always wins
+    assert bridge._stopped(drain_until=120.0) is True

@@ -237,6 +237,16 @@ def test_connack_suback_puback_pingresp_and_server_disconnect(session):
     assert session.sock is None and "Server shutting down (bye)" in session.rec.closed[0]
 
 
+def test_unsubscribe_and_its_unsuback(session):
+    unsubacks = []
+    session.on_unsuback = lambda mid, codes: unsubacks.append((mid, codes))
+    mid = session.unsubscribe(["$share/bridge/a/#", "b"])
+    assert session.broker.recv(100) == m.encode_unsubscribe(mid, ["$share/bridge/a/#", "b"])
+    assert m.encode_unsubscribe(7, ["a"]) == b"\xa2\x06\x00\x07\x00\x00\x01a"
+    session.feed(b"\xb0\x05" + struct.pack(">H", mid) + b"\x00\x00\x11", 10)
+    assert unsubacks == [(mid, [0x00, 0x11])]
+
+
 def test_refused_connack_reports_and_closes(session):
     codes = []
     session.connected = False
