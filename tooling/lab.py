@@ -41,7 +41,8 @@ HOST_RUN_OPTIONS = [
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
 ]
 MQTT_DEVICE_USER = "device"
-LAB_SECRETS = {"cassandra": "lab-cassandra-secret", "bridge": "lab-bridge-secret", "device": "lab-device-secret"}
+LAB_SECRETS = {"cassandra": "lab-cassandra-secret", "cassandra_adapter": "lab-cassandra-adapter-secret",
+               "bridge": "lab-bridge-secret", "device": "lab-device-secret"}
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ LAB_GROUP_VARS = f"""---
 # Lab sizes: every site on one 2-core machine, so heaps are small, Cassandra
 # skips its multi-node waits and Spark jobs run in local mode.
 stack_cassandra_password: {LAB_SECRETS['cassandra']}
+stack_cassandra_adapter_password: {LAB_SECRETS['cassandra_adapter']}
 stack_mqtt_users:
   bridge: {LAB_SECRETS['bridge']}
   {MQTT_DEVICE_USER}: {LAB_SECRETS['device']}

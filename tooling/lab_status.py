@@ -15,7 +15,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from services.common import names
 
-ADAPTER_GROUP = "cassandra-adapter"
 KEYSPACE = "iot"
 
 # (site, CQL statement) -> cqlsh output, run inside the site's Cassandra (tooling.lab.cql).
@@ -83,7 +82,9 @@ def table(bootstraps: dict[str, str], cql: Cql, sample_s: float = 5.0) -> list[d
             "site": site,
             "readings/s": f"{rate:.0f}" if isinstance(rate, float) else rate,
             "readings in kafka": now,
-            "adapter lag": _safe(group_lag, bootstrap, names.TEMPERATURE_DATA, ADAPTER_GROUP),
+            # Each site's adapter runs in its own group, "<site>-cassandra-adapter" (services/common/names.py).
+            "adapter lag": _safe(group_lag, bootstrap, names.TEMPERATURE_DATA,
+                                 f"{site}-{names.CONSUMER_GROUPS['adapter']}"),
             "events": events_site,
             "relay lag": relay_lag,
             "cassandra readings": cassandra_rows(cql, site, "temperature_readings"),

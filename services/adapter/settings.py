@@ -19,8 +19,9 @@ from services.common.settings import Option, SettingsError
 OPTIONS: tuple[Option, ...] = (
     Option("kafka_bootstrap", "ADAPTER_KAFKA_BOOTSTRAP", "kafka-1:9092",
            "Kafka bootstrap servers, comma-separated host:port"),
-    Option("group_id", "ADAPTER_GROUP_ID", "cassandra-adapter",
-           "consumer group; replicas with the same group split the partitions"),
+    Option("group_id", "ADAPTER_GROUP_ID", names.CONSUMER_GROUPS["adapter"],
+           "consumer group; replicas with the same group split the partitions (the stacks set "
+           "<site>-cassandra-adapter, so no two tiers share a group)"),
     Option("mappings_file", "ADAPTER_MAPPINGS_FILE", "",
            "TOML file of [[table]] topic-to-table mappings (empty: the edge defaults, see --print-schema)"),
     Option("cassandra_hosts", "ADAPTER_CASSANDRA_HOSTS", "cassandra-1",

@@ -32,3 +32,15 @@ HEADER_DLQ_OFFSET = "dlq_offset"        # "<partition>:<offset>" of a Kafka sour
 # MQTT topics: readings from devices, commands to devices (str.format templates).
 MQTT_READINGS = "sites/{site}/sensors/{sensor_id}/temperature"
 MQTT_COMMANDS = "sites/{site}/devices/{device_id}/commands"
+
+# Kafka consumer groups: service -> group name. A service runs in the group "<owner>-<name>", where owner is
+# the alias of the site (or of the datacenter) whose Kafka it reads, e.g. site-a-cassandra-adapter and
+# datacenter-cassandra-adapter: no two tiers share a group. MirrorMaker 2 keeps a group's name when it syncs
+# offsets into the datacenter, so a shared name would let it move a datacenter service's offsets; the
+# stacks set each group explicitly (compose/, ansible/roles/stack/vars/main.yml) and MirrorMaker syncs only
+# the sites' own groups (ansible/roles/stack/templates/mm2.properties.j2). tests/unit/test_consumer_groups.py
+# checks that all of these agree. A new Kafka consumer with committed offsets gets its name here.
+CONSUMER_GROUPS = {
+    "adapter": "cassandra-adapter",
+    "bridge_commands": "bridge-commands",
+}

@@ -1,6 +1,7 @@
 """The cassandra image runs real Cassandra (the version pinned in images/versions.toml): CQL from the host, nodetool,
 cqlsh and the healthcheck inside the container, a clean stop on SIGTERM, and
-password authentication with the password read from a file.
+password authentication set up from files: the superuser's password, system_auth
+replicated per data center, and the adapter's own role (bin/cassandra-auth-setup).
 
 Tests share one node and run in file order (the stop test stops it); the
 authentication test starts its own node afterwards."""
@@ -10,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from cassandra import AuthenticationFailed
+from cassandra import AuthenticationFailed, Unauthorized
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy
@@ -125,41 +126,114 @@ def test_sigterm_drains_and_stops_cassandra_cleanly(lab, cql_port):
     assert exit_code == "143", f"expected the JVM's SIGTERM exit (143), got {exit_code}"
 
 
-def test_password_authenticator_replaces_default_password_from_file(lab, tmp_path):
-    password_file = tmp_path / "cassandra_password"
-    password_file.write_text("not-the-default-7f3a\n")
-    password_file.chmod(0o644)  # readable by the container's uid 1000
+AUTH_NODE = "cassandra-auth"
+AUTH_DC = "site-b"
+SUPERUSER_PASSWORD = "not-the-default-7f3a"
+ADAPTER_ROLE, ADAPTER_PASSWORD = "iot_adapter", "adapter-secret-51c2"
+
+
+@pytest.fixture(scope="module")
+def auth_port(lab, tmp_path_factory) -> int:
+    """A node with PasswordAuthenticator, set up as the stacks do: superuser password, system_auth
+    replication and the adapter's role (bin/cassandra-auth-setup)."""
+    secrets = tmp_path_factory.mktemp("secrets")
+    secrets.chmod(0o755)
+    for name, value in (("cassandra_password", SUPERUSER_PASSWORD), ("cassandra_adapter_password", ADAPTER_PASSWORD)):
+        (secrets / name).write_text(value + "\n")
+        (secrets / name).chmod(0o644)  # readable by the container's uid 1000
     port = free_port()
     lab.run(
         "cassandra",
-        "cassandra-auth",
+        AUTH_NODE,
         env={
             "CASSANDRA_AUTHENTICATOR": "PasswordAuthenticator",
             "CASSANDRA_PASSWORD_FILE": "/run/secrets/cassandra_password",
+            "CASSANDRA_AUTH_REPLICATION": f"{AUTH_DC}:1",
+            "CASSANDRA_ADAPTER_ROLE": ADAPTER_ROLE,
+            "CASSANDRA_ADAPTER_PASSWORD_FILE": "/run/secrets/cassandra_adapter_password",
+            "CASSANDRA_DC": AUTH_DC,
             "CASSANDRA_CLUSTER_NAME": "smoke-auth",
             "CASSANDRA_FAST_START": "1",
         },
         ports={port: 9042},
-        volumes={str(password_file): "/run/secrets/cassandra_password:ro"},
+        volumes={str(secrets): "/run/secrets:ro"},
         memory="2g",
     )
-
-    def login(password: str) -> None:
-        auth = PlainTextAuthProvider("cassandra", password)
-        with Cluster(["127.0.0.1"], port=port, protocol_version=5, auth_provider=auth, connect_timeout=5) as cluster:
-            cluster.connect().execute("SELECT release_version FROM system.local")
-
     wait_until(
-        "login with the password from the file",
-        lambda: login("not-the-default-7f3a") is None,
+        "the adapter's role logs in",
+        lambda: _login(port, ADAPTER_ROLE, ADAPTER_PASSWORD) is None,
         timeout=240,
         interval=2,
-        on_timeout=lambda: lab.logs("cassandra-auth"),
+        on_timeout=lambda: lab.logs(AUTH_NODE),
     )
+    return port
+
+
+def _session(port: int, user: str, password: str):
+    auth = PlainTextAuthProvider(user, password)
+    profile = ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=AUTH_DC))
+    cluster = Cluster(["127.0.0.1"], port=port, protocol_version=5, auth_provider=auth, connect_timeout=5,
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    return cluster, cluster.connect()
+
+
+def _login(port: int, user: str, password: str) -> None:
+    cluster, session = _session(port, user, password)
+    try:
+        session.execute("SELECT release_version FROM system.local")
+    finally:
+        cluster.shutdown()
+
+
+def test_password_authenticator_replaces_default_password_from_file(lab, auth_port):
+    _login(auth_port, "cassandra", SUPERUSER_PASSWORD)
     with pytest.raises(NoHostAvailable) as refused:
-        login("cassandra")
+        _login(auth_port, "cassandra", "cassandra")
     assert any(isinstance(err, AuthenticationFailed) for err in refused.value.errors.values())
     # cqlsh in the container logs in through the credentials file the entrypoint wrote.
-    result = lab.exec("cassandra-auth", "cqlsh", "-e", "SELECT release_version FROM system.local")
+    result = lab.exec(AUTH_NODE, "cqlsh", "-e", "SELECT release_version FROM system.local")
     assert result.returncode == 0, result.stderr
     assert CASSANDRA_VERSION in result.stdout.split()
+
+
+def test_system_auth_is_replicated_per_datacenter(auth_port):
+    cluster, session = _session(auth_port, "cassandra", SUPERUSER_PASSWORD)
+    try:
+        row = session.execute("SELECT replication FROM system_schema.keyspaces "
+                              "WHERE keyspace_name = 'system_auth'").one()
+    finally:
+        cluster.shutdown()
+    assert dict(row.replication) == {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy", AUTH_DC: "1"}
+
+
+def test_adapter_role_creates_its_keyspace_and_writes_but_is_no_superuser(auth_port):
+    cluster, admin = _session(auth_port, "cassandra", SUPERUSER_PASSWORD)
+    admin.execute(f"CREATE KEYSPACE IF NOT EXISTS other WITH replication = {{'class': 'NetworkTopologyStrategy', "
+                  f"'{AUTH_DC}': 1}}")
+    cluster.shutdown()
+    cluster, session = _session(auth_port, ADAPTER_ROLE, ADAPTER_PASSWORD)
+    try:
+        # What the adapter does at start (services/adapter/cassandra.py schema_statements), then a write and a read.
+        session.execute(f"CREATE KEYSPACE IF NOT EXISTS iot WITH replication = {{'class': 'NetworkTopologyStrategy', "
+                        f"'{AUTH_DC}': 1}}")
+        session.execute("CREATE TABLE IF NOT EXISTS iot.t (k text PRIMARY KEY, v int)")
+        session.execute("INSERT INTO iot.t (k, v) VALUES ('a', 1)")
+        assert session.execute("SELECT v FROM iot.t WHERE k = 'a'").one().v == 1
+        for statement in ("CREATE ROLE intruder WITH PASSWORD = 'x' AND LOGIN = true", "DROP KEYSPACE other",
+                          "SELECT * FROM system_auth.roles"):
+            with pytest.raises(Unauthorized):
+                session.execute(statement)
+    finally:
+        cluster.shutdown()
+
+
+def test_restart_changes_nothing(lab, auth_port):
+    docker("restart", "-t", "30", f"{lab.network}-{AUTH_NODE}")
+    wait_until(
+        "the set-up after the restart",
+        lambda: "nothing changed" in lab.logs(AUTH_NODE, tail=400).split("Starting listening for CQL clients")[-1],
+        timeout=300,
+        interval=3,
+        on_timeout=lambda: lab.logs(AUTH_NODE, tail=200),
+    )
+    _login(auth_port, ADAPTER_ROLE, ADAPTER_PASSWORD)

@@ -34,9 +34,19 @@ def group_vars() -> dict:
     return yaml.safe_load((REPO / "ansible/group_vars/all/main.yml").read_text())
 
 
+def stack_defaults() -> dict:
+    """ansible/roles/stack/defaults/main.yml, as written (Jinja expressions stay text)."""
+    return yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+
+
+def stack_vars() -> dict:
+    """ansible/roles/stack/vars/main.yml, as written (Jinja expressions stay text)."""
+    return yaml.safe_load((REPO / "ansible/roles/stack/vars/main.yml").read_text())
+
+
 def stack_settings() -> dict:
     """The stack role's defaults, shaped as the template's `s`."""
-    d = yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+    d = stack_defaults()
     return {
         "network": jinja2.Template(d["stack_network"]).render(group_vars()),
         "kafka_external_port": d["stack_kafka_external_port"],
@@ -46,6 +56,9 @@ def stack_settings() -> dict:
                  "autosave_interval": d["stack_mqtt_autosave_interval"]},
         "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
         "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
+        "consumer_groups": stack_vars()["__stack_consumer_groups"],
+        "cassandra_adapter_user": d["stack_cassandra_adapter_user"],
+        "cassandra_keyspace": d["stack_cassandra_keyspace"],
         "cassandra_cluster_name": "test", "cassandra_dc": "test", "cassandra_fast_start": False,
         "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
     }
@@ -58,11 +71,38 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
     env.filters.update(filters.FilterModule().filters())
     tag = pins.load().image_tag
     images = {n: f"iot-stack/{n}:{tag}" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
-    names = {"edge": (["bridge_mapping", "adapter_mappings", "mosquitto_acl"],
-                      ["mosquitto_passwd", "mqtt_password", "cassandra_password"]),
-             "datacenter": (["adapter_mappings", "mm2_properties"], ["cassandra_password"])}[tier]
-    files = filters.stack_files({"configs": dict.fromkeys(names[0], "c"), "secrets": dict.fromkeys(names[1], "s")},
-                                "/opt/iot-stack/x")
+    # The tier's config and secret names as the stack role writes them (vars/main.yml __stack_files).
+    declared = stack_vars()["__stack_files"][tier]
+    files = filters.stack_files({"configs": dict.fromkeys(declared["configs"], "c"),
+                                 "secrets": dict.fromkeys(declared["secrets"], "s")}, "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(
         t=topology, s=settings or stack_settings(), img=images, files=files, ansible_managed="test")
     return yaml.safe_load(text)
+
+
+def render_mm2(hostvars: dict, groups: dict, datacenter_group: str = "datacenter", **overrides) -> str:
+    """ansible/roles/stack/templates/mm2.properties.j2 as the stack role renders it on the datacenter's manager:
+    the role's defaults and vars under the datacenter host's inventory variables, then `overrides`."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "ansible/roles/stack/templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True)
+    env.filters.update(CoreFilters().filters())
+    env.filters.update(filters.FilterModule().filters())
+    host = groups[datacenter_group][0]
+    alias = hostvars[host].get("site_alias") or datacenter_group.replace("_", "-")
+    context = {**stack_defaults(), "__stack_consumer_groups": stack_vars()["__stack_consumer_groups"],
+               **group_vars(), **hostvars[host], "hostvars": hostvars, "groups": groups,
+               "iot_site_alias": alias, "ansible_managed": "test",
+               "iot_topology": filters.site_topology(hostvars, groups[datacenter_group], alias, "datacenter"),
+               **overrides}
+    return env.get_template("mm2.properties.j2").render(context)
+
+
+def properties(text: str) -> dict[str, str]:
+    """A Java .properties text (key = value lines, # comments) as a dict."""
+    result = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            key, _, value = line.partition("=")
+            result[key.strip()] = value.strip()
+    return result

@@ -1,0 +1,109 @@
+"""One invalid host stops the whole site.yml run before any host is changed.
+
+Runs the real `ansible/site.yml` with `ansible-playbook` against a throwaway
+inventory: a datacenter and two edge sites, where one host of site-b has a bad
+`swarm_role`. Every host points at 127.0.0.1 port 9 over SSH, which refuses the
+connection at once: preflight needs no connection (it only sets facts and asserts
+on the controller), so the only way a host could be reached is by a later play,
+and that attempt can change nothing. Without `any_errors_fatal` on the preflight
+play, site-a and the datacenter go on to the engine play (and show up as
+unreachable); with it, the run ends after preflight.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+NOWHERE = "ansible_host=127.0.0.1 ansible_port=9 ansible_user=nobody"
+ONE_NODE = "zookeeper_id=1 kafka_id=1 cassandra_id=1 apps_node=true"
+INVENTORY = f"""
+[datacenter]
+dc-1 {NOWHERE} swarm_role=manager {ONE_NODE}
+
+[site_a]
+site-a-1 {NOWHERE} swarm_role=manager {ONE_NODE} mqtt_node=true
+
+[site_b]
+site-b-1 {NOWHERE} swarm_role=manager {ONE_NODE} mqtt_node=true
+site-b-2 {NOWHERE} swarm_role=wroker kafka_id=2
+
+[edge:children]
+site_a
+site_b
+"""
+SECRETS = """---
+stack_cassandra_password: preflight-test-superuser
+stack_cassandra_adapter_password: preflight-test-adapter
+stack_mqtt_users: {bridge: preflight-test-bridge}
+"""
+
+
+def _playbook(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_TIMEOUT="5", ANSIBLE_LOG_PATH="", ANSIBLE_RETRY_FILES_ENABLED="0",
+               PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible/site.yml"), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> subprocess.CompletedProcess:
+    inventory = tmp_path_factory.mktemp("inventory")
+    (inventory / "hosts.ini").write_text(INVENTORY)
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "group_vars" / "all" / "secrets.yml").write_text(SECRETS)
+    return _playbook(inventory)
+
+
+def _recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines -> {host: {ok: n, changed: n, unreachable: n, failed: n, ...}}."""
+    recap = output.split("PLAY RECAP", 1)[1] if "PLAY RECAP" in output else ""
+    hosts = {}
+    for host, counts in re.findall(r"^(\S+)\s+:\s+(.*)$", recap, re.MULTILINE):
+        hosts[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
+    return hosts
+
+
+def test_bad_swarm_role_is_named_with_its_host(run):
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-3000:]
+    assert "site-b-2: swarm_role='wroker' must be manager or worker" in output, output[-3000:]
+
+
+def test_no_play_after_preflight_starts(run):
+    output = run.stdout + run.stderr
+    plays = re.findall(r"^PLAY \[(.*)\]", output, re.MULTILINE)
+    assert plays == ["Preflight"], f"plays that started: {plays}\n{output[-3000:]}"
+
+
+@pytest.mark.parametrize("host", ["site-a-1", "dc-1"])
+def test_hosts_of_valid_sites_are_never_contacted_or_changed(run, host):
+    recap = _recap(run.stdout)
+    assert host in recap, run.stdout[-3000:]
+    assert recap[host].get("changed") == 0 and recap[host].get("unreachable") == 0, \
+        f"{host}: {recap[host]} (a later play reached for it)\n{run.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("secrets, message", [
+    (SECRETS.replace("stack_cassandra_adapter_password: preflight-test-adapter\n", ""),
+     "stack_cassandra_adapter_password must be set"),
+    (SECRETS.replace("preflight-test-adapter", "preflight-test-superuser"),
+     "not the superuser's\n    stack_cassandra_password"),
+], ids=["missing", "same-as-superuser"])
+def test_adapter_password_is_checked_before_any_host_changes(tmp_path, secrets, message):
+    (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(secrets)
+    result = _playbook(tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "stack_cassandra_adapter_password" in output, output[-3000:]
+    assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
+    assert re.findall(r"^PLAY \[(.*)\]", output, re.MULTILINE) == ["Preflight"]
