@@ -52,6 +52,7 @@ class Device:
         self.hot = [f"{sensor}-hot{k}" for k in range(hot_sensors)]
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[str, int, float]] = {}     # mid -> (sensor, event ms, temperature)
+        self.early: dict[int, int] = {}                          # mid -> PUBACK reason that came first
         self.acked: dict[str, set[int]] = {s: set() for s in [sensor, *self.hot]}
         self.hot_readings: dict[str, list[tuple[int, float]]] = {s: [] for s in self.hot}
         self.not_routed = 0                                      # PUBACK 0x10, resent
@@ -77,27 +78,40 @@ class Device:
         from services.common import names
         event_ms = event_ms or self._now_ms()
         payload = json.dumps({"timestamp": event_ms, "temperature": temperature, "unit": "C"})
+        # Not under self.lock: paho's network thread holds its own lock while it calls _on_publish.
+        info = self.client.publish(names.MQTT_READINGS.format(site=self.site, sensor_id=sensor), payload, qos=1)
+        sent = (sensor, event_ms, temperature)
         with self.lock:
-            info = self.client.publish(names.MQTT_READINGS.format(site=self.site, sensor_id=sensor), payload, qos=1)
-            self.pending[info.mid] = (sensor, event_ms, temperature)
             self.published += 1
+            code = self.early.pop(info.mid, None)      # the PUBACK can beat us here
+            if code is None:
+                self.pending[info.mid] = sent
+                return
+        self._settle(sent, code)
 
     def _on_publish(self, _client, _userdata, mid, reason_code, _properties) -> None:
+        code = getattr(reason_code, "value", reason_code)
         with self.lock:
             sent = self.pending.pop(mid, None)
-        if sent is None:
-            return
+            if sent is None:
+                self.early[mid] = code
+                return
+        self._settle(sent, code)
+
+    def _settle(self, sent: tuple[str, int, float], code: int) -> None:
         sensor, event_ms, temperature = sent
-        code = getattr(reason_code, "value", reason_code)
         if code == 0:
-            self.acked[sensor].add(event_ms)
-            if sensor in self.hot_readings:
-                self.hot_readings[sensor].append((event_ms, temperature))
+            with self.lock:
+                self.acked[sensor].add(event_ms)
+                if sensor in self.hot_readings:
+                    self.hot_readings[sensor].append((event_ms, temperature))
         elif code == 0x10:               # routed nowhere: not delivered, so publish it again
-            self.not_routed += 1
+            with self.lock:
+                self.not_routed += 1
             threading.Timer(0.2, self.publish, (sensor, temperature, event_ms)).start()
         else:
-            self.refused += 1
+            with self.lock:
+                self.refused += 1
 
     def run(self, seconds: float, rate: float, at: dict[float, Callable[[], None]] | None = None) -> None:
         """Publish for `seconds` at `rate` readings/s (plus the hot sensors); call at[t] at t seconds."""
