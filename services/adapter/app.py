@@ -17,13 +17,17 @@ Records that can never be written (invalid JSON, a contract violation, no site,
 a value Cassandra rejects with InvalidRequest) go to `dead-letter` with the
 original key, value and headers plus dlq_source, dlq_reason ("<reason>: <detail>"),
 dlq_time_ms and dlq_offset (services.common.dead_letter builds them for every service).
+Whatever else goes wrong while one record becomes a row is that record's fault
+too: it is dead-lettered as `unprocessable`, never a crash, because a crash would
+meet the same record again after every restart and stop its partition for good.
 
 CPU per record: on a small node the adapter shares the cores with Kafka and
 Cassandra, and its main thread shares the GIL with the driver's I/O thread, so
 rows/s follow the microseconds spent per record. What depends only on the
 topic (mapping, contract, row builder) is looked up once per topic (_Route),
-and JSON skips json.loads' encoding sniffing when the value is plainly UTF-8;
-both give exactly the results of the plain code (tests/unit/adapter/test_writer.py).
+and JSON skips json.loads' encoding sniffing when the value is plainly UTF-8
+(contracts.decode_json); both give exactly the results of the plain code
+(tests/unit/adapter/test_writer.py).
 
 Latency, as in the seed thesis: each reading row stores event_time (device),
 ingest_time (bridge header `ingest_ms`), write_time (set by the adapter just
@@ -40,7 +44,6 @@ metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -56,7 +59,7 @@ from services.adapter.settings import Settings, load, parser
 from services.adapter.writer import Item, Writer
 from services.common import names
 from services.common.backoff import Backoff
-from services.common.contracts import ContractError
+from services.common.contracts import EPOCH_MS_MAX, EPOCH_MS_MIN, ContractError, InvalidJson, parse_json
 from services.common.dead_letter import (
     CONTRACT_VIOLATION,
     INVALID_JSON,
@@ -80,6 +83,7 @@ SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S = 1.0, 15.0
 # Dead-letter reason of the adapter alone (the generic ones are in services.common.dead_letter):
 # the row cannot be bound to the table, or Cassandra answered InvalidRequest.
 UNWRITABLE = "unwritable"
+DETAIL_LIMIT = 1000         # characters of a dead letter's detail: it is a Kafka header, not a log
 
 
 class _Route:
@@ -93,18 +97,20 @@ class _Route:
             self.build = row_builder(mapping.layout)
 
 
-_DECODE_JSON = json.JSONDecoder().decode
+def _ingest_ms(value: bytes) -> int | None:
+    """The bridge's `ingest_ms` header, or None when it is not a time a row can hold: a broken
+    latency header must not cost the reading (its latency would not fit the bigint column)."""
+    try:
+        ms = int(value)
+    except (ValueError, TypeError):
+        return None
+    return ms if EPOCH_MS_MIN <= ms <= EPOCH_MS_MAX else None
 
 
-def _json(value: bytes) -> Any:
-    """json.loads(value), minus its encoding sniffing for the usual case: a UTF-8 object.
-
-    json.loads on bytes picks UTF-8 whenever the first two bytes are not NUL
-    and there is no byte-order mark, and then decodes with 'surrogatepass';
-    for such values this is exactly that. Anything else takes json.loads itself."""
-    if value[:1] == b"{" and value[1:2] != b"\x00":
-        return _DECODE_JSON(value.decode("utf-8", "surrogatepass"))
-    return json.loads(value)
+def _detail(text: str) -> str:
+    """A dead letter's detail: bounded, and UTF-8 whatever the record put into the message."""
+    text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class Adapter:
@@ -259,12 +265,15 @@ class Adapter:
                 self.tracker.finished(tp, offset)
                 continue
             try:
-                items.append(Item(msg, tp, offset, mapping, self._row(msg, route, topic)))
-            except json.JSONDecodeError as err:
+                row = self._row(msg, route, topic)
+            except InvalidJson as err:
                 self._dead_letter(msg, INVALID_JSON, f"invalid JSON for {mapping.contract.name}: {err}")
-            except (ValueError, TypeError) as err:   # ContractError and RowError are ValueErrors
-                reason = CONTRACT_VIOLATION if isinstance(err, (ContractError, RowError)) else UNPROCESSABLE
-                self._dead_letter(msg, reason, str(err))
+            except (ContractError, RowError) as err:
+                self._dead_letter(msg, CONTRACT_VIOLATION, str(err))
+            except Exception as err:  # noqa: BLE001 - one record's data must never stop the adapter
+                self._dead_letter(msg, UNPROCESSABLE, f"{type(err).__name__}: {err}")
+            else:
+                items.append(Item(msg, tp, offset, mapping, row))
         for table, n in consumed.items():
             metrics.CONSUMED.labels(table).inc(n)
         if items:
@@ -276,16 +285,13 @@ class Adapter:
         return route
 
     def _row(self, msg: Any, route: _Route, topic: str) -> Row:
-        record = route.validate(_json(msg.value()))
+        record = route.validate(parse_json(msg.value()))
         header_site = ingest_ms = None
         for key, value in msg.headers() or ():
             if key == names.HEADER_SITE and value:
                 header_site = value.decode("utf-8", "replace")
             elif key == names.HEADER_INGEST_MS and value:
-                try:
-                    ingest_ms = int(value)
-                except ValueError:
-                    ingest_ms = None     # a broken latency header must not cost the reading
+                ingest_ms = _ingest_ms(value)
         site = row_site(record, header_site, topic, self.settings.default_site or None)
         return route.build(record, site, ingest_ms)
 
@@ -324,6 +330,7 @@ class Adapter:
             self._retries_seen = self.writer.retries_total
 
     def _dead_letter(self, msg: Any, reason: str, detail: str) -> None:
+        detail = _detail(detail)
         record = dead_letter(self.settings.dead_letter_topic, msg.topic(), msg.key(), msg.value(), reason, detail,
                              int(time.time() * 1000), msg.headers(), msg.partition(), msg.offset())
         log.warning("dead-letter", extra=kv(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),

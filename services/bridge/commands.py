@@ -5,10 +5,14 @@ PUBACKed it (or, for an invalid command, once its dead-letter record is in Kafka
 and only as part of a gap-free prefix per partition (services.common.offsets, as in
 the adapter), so a crash re-forwards rather than skips. Runs on the bridge's single
 loop thread (the MQTT client's on_puback included).
+
+Whatever a record's bytes, it is published or dead-lettered; nothing about one
+record may raise out of here. That includes the topic: Mosquitto closes the
+connection on a PUBLISH whose topic is not valid MQTT UTF-8, and the bridge would
+send it again after every reconnect, stopping the readings too.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,8 +21,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from services.bridge import metrics
 from services.common import contracts, names
-from services.common.contracts import ContractError
-from services.common.dead_letter import CONTRACT_VIOLATION, INVALID_JSON, DeadLetter, dead_letter
+from services.common.contracts import ContractError, InvalidJson, parse_json
+from services.common.dead_letter import CONTRACT_VIOLATION, INVALID_JSON, UNPROCESSABLE, DeadLetter, dead_letter
 from services.common.observability import kv
 from services.common.offsets import OffsetTracker, Partition
 from services.common.site import resolve_site
@@ -26,11 +30,28 @@ from services.mqtt.codec import reason_name
 
 log = logging.getLogger("bridge.commands")
 _TOPIC_CHARS = ("/", "+", "#")
+_MQTT_STRING_MAX = 65535        # bytes of an MQTT UTF-8 string (the topic of a PUBLISH)
+DETAIL_LIMIT = 1000             # characters of a dead letter's detail: it is a Kafka header
+
+
+def _mqtt_text_problem(text: str) -> str | None:
+    """Why Mosquitto would refuse `text` in a topic (mosquitto_validate_utf8), or None.
+
+    It refuses control characters (U+0000-U+001F, U+007F-U+009F) and the
+    non-characters U+FDD0-U+FDEF and U+xxFFFE/U+xxFFFF; contracts already refuse
+    lone surrogates."""
+    for char in text:
+        code = ord(char)
+        if code <= 0x1F or 0x7F <= code <= 0x9F:
+            return f"a control character (U+{code:04X})"
+        if 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE:
+            return f"U+{code:04X}, which is not a character"
+    return None
 
 
 def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> str:
-    """MQTT topic for one `device-commands` record; raises ContractError (or ValueError for bad JSON)."""
-    record = contracts.DEVICE_COMMAND.validate(json.loads(value))
+    """MQTT topic for one `device-commands` record; raises ContractError (InvalidJson for bad JSON)."""
+    record = contracts.DEVICE_COMMAND.validate(parse_json(value))
     device_id, site = record["device_id"], resolve_site(field=record["site"], default=default_site)
     if key is not None and key.decode(errors="replace") != device_id:
         raise ContractError(f"device-command: key '{key.decode(errors='replace')}' differs from "
@@ -39,8 +60,21 @@ def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> 
         raise ContractError("device-command: no site in the record and BRIDGE_SITE is unset (set either)")
     for name, text in (("device_id", device_id), ("site", site)):
         if any(c in text for c in _TOPIC_CHARS):
-            raise ContractError(f"device-command: {name} '{text}' must not contain '/', '+' or '#'")
-    return names.MQTT_COMMANDS.format(site=site, device_id=device_id)
+            raise ContractError(f"device-command: {name} {text[:80]!r} must not contain '/', '+' or '#'")
+        problem = _mqtt_text_problem(text)
+        if problem:
+            raise ContractError(f"device-command: {name} {text[:80]!r} contains {problem}; MQTT topics cannot")
+    topic = names.MQTT_COMMANDS.format(site=site, device_id=device_id)
+    size = len(topic.encode("utf-8", "surrogatepass"))
+    if size > _MQTT_STRING_MAX:
+        raise ContractError(f"device-command: topic of {size} bytes is longer than MQTT's {_MQTT_STRING_MAX}")
+    return topic
+
+
+def _detail(text: str) -> str:
+    """A dead letter's detail: bounded, and UTF-8 whatever the record put into the message."""
+    text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class CommandForwarder:
@@ -79,11 +113,17 @@ class CommandForwarder:
         value = msg.value() or b""
         try:
             topic = command_topic(value, msg.key(), self.default_site)
-        except (ValueError, RecursionError) as err:
-            reason = CONTRACT_VIOLATION if isinstance(err, ContractError) else INVALID_JSON
-            record = dead_letter(self.dlq_topic, tp[0], msg.key(), value, reason, str(err),
+        except Exception as err:  # noqa: BLE001 - one record's data must never stop the bridge
+            if isinstance(err, InvalidJson):
+                reason = INVALID_JSON
+            elif isinstance(err, ContractError):
+                reason = CONTRACT_VIOLATION
+            else:
+                reason, err = UNPROCESSABLE, f"{type(err).__name__}: {err}"
+            detail = _detail(str(err))
+            record = dead_letter(self.dlq_topic, tp[0], msg.key(), value, reason, detail,
                                  int(time.time() * 1000), list(msg.headers() or ()), tp[1], offset)
-            log.warning("command dead-lettered", extra=kv(reason=reason, detail=err, offset=offset))
+            log.warning("command dead-lettered", extra=kv(reason=reason, detail=detail[:300], offset=offset))
             metrics.COMMANDS_DEAD_LETTERED.inc()
             self.dead_letter_sink(record, lambda: self._done(tp, offset))
             return

@@ -38,22 +38,31 @@ class RegistryError(ValueError):
 
 
 def load_file(path: Path) -> dict[str, list[dict]]:
-    """Read and validate a registry file; returns records by topic."""
+    """Read and validate a registry file; returns records by topic.
+
+    Whatever the file holds, the answer is the records or a RegistryError naming
+    the problem: never a traceback, and nothing produced from a file with an error."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise RegistryError(f"registry file {path} not found") from None
-    try:
-        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
-        raise RegistryError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {err}") from None
+    except OSError as err:
+        raise RegistryError(f"cannot read registry file {path}: {err.strerror}") from None
+    raw = _parse(path, data)
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: expected an object with the lists {', '.join(SECTIONS)}, "
+                            f"got {type(raw).__name__}")
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         raise RegistryError(f"{path}: unknown sections {sorted(unknown)} (expected {', '.join(SECTIONS)})")
     records: dict[str, list[dict]] = {}
     errors = []
     for section, (topic, contract) in SECTIONS.items():
-        for i, item in enumerate(raw.get(section, []), start=1):
+        items = raw.get(section, [])
+        if not isinstance(items, list):
+            errors.append(f"{path}: '{section}' must be a list of records, got {type(items).__name__}")
+            continue
+        for i, item in enumerate(items, start=1):
             try:
                 records.setdefault(topic, []).append(contract.validate(item))
             except contracts.ContractError as err:
@@ -64,6 +73,22 @@ def load_file(path: Path) -> dict[str, list[dict]]:
     if not records:
         raise RegistryError(f"{path}: nothing to register (add sensor_types, devices or sensors)")
     return records
+
+
+def _parse(path: Path, data: bytes):
+    """The file's TOML or JSON document; RegistryError for anything that is not one (encoding,
+    syntax, nesting deeper than the recursion limit, numbers Python cannot hold)."""
+    if path.suffix != ".toml":
+        try:
+            return contracts.parse_json(data)
+        except contracts.InvalidJson as err:
+            raise RegistryError(f"{path}: not valid JSON: {err}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise RegistryError(f"{path}: not valid TOML: nested too deeply") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as err:
+        raise RegistryError(f"{path}: not valid TOML: {err}") from None
 
 
 def _dangling_references(records: dict[str, list[dict]], path: Path) -> list[str]:

@@ -10,7 +10,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from iot_jobs import records
-from services.common import contracts
+from iot_jobs.readings import conforms, header, site_column
+from services.common import contracts, names
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 # Value of a `notifications` record: the text plus the joined fields.
@@ -20,18 +21,22 @@ NOTIFICATION_FIELDS = (
                                                 if f not in ("sensor_id", "site")])
 
 
-def site_of_topic(topic: Column, default_site: str) -> Column:
-    """'site-a.sensor-registration' -> 'site-a' (MM2's prefix); an unprefixed topic -> default_site."""
-    prefix = F.regexp_extract(topic, r"^(.+)\.[^.]+$", 1)
-    return F.when(prefix == "", F.lit(default_site)).otherwise(prefix)
-
-
 def parse_events(records: DataFrame, default_site: str) -> DataFrame:
-    """Kafka records of (mirrored) threshold-event topics -> THRESHOLD_EVENT rows; site from the topic if absent."""
-    parsed = records.select("topic", F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
-    return parsed.where(F.col("e.sensor_id").isNotNull() & F.col("e.is_first").isNotNull()).select(
+    """Kafka records of (mirrored) threshold-event topics -> THRESHOLD_EVENT rows.
+
+    Site by the one rule (services.common.site, as readings.site_column): the `site`
+    header, else the event's site field, else the '<site>.' topic prefix, else
+    default_site. Events that break the contract are skipped, not dead-lettered:
+    the datacenter's adapter reads the same topics and dead-letters them (once,
+    not once per consumer). Skipping matters: an event time beyond what
+    timestamp_millis takes would fail the query, and again after every restart."""
+    parsed = records.select("topic", "headers",
+                            F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"))
+    site = site_column(header=header(names.HEADER_SITE), field=F.col("e.site"), topic=F.col("topic"),
+                       default=default_site)
+    return parsed.where(conforms(contracts.THRESHOLD_EVENT, "e", skip=("site",))).select(
         *[F.col(f"e.{f}").alias(f) for f in contracts.THRESHOLD_EVENT.field_names() if f != "site"],
-        F.coalesce(F.col("e.site"), site_of_topic(F.col("topic"), default_site)).alias("site"))
+        site.alias("site"))
 
 
 def latest_registrations(records: DataFrame, contract: contracts.Contract, default_site: str) -> DataFrame:
@@ -41,7 +46,7 @@ def latest_registrations(records: DataFrame, contract: contracts.Contract, defau
     tombstone (null value) as the latest record means the entity was removed.
     """
     latest = (records
-              .select(site_of_topic(F.col("topic"), default_site).alias("site"),
+              .select(site_column(topic=F.col("topic"), default=default_site).alias("site"),
                       F.col("key").cast("string").alias("id"), "offset", "value")
               .groupBy("site", "id")
               .agg(F.max_by(F.col("value"), F.col("offset")).alias("value")))

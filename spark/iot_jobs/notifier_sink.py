@@ -8,6 +8,7 @@ import time
 from pyspark.sql import DataFrame
 
 from iot_jobs import notifier
+from iot_jobs.runtime import source_options
 from iot_jobs.webhook import Webhook
 from services.common import contracts
 from services.common.dead_letter import dead_letter_headers
@@ -34,8 +35,8 @@ class BatchSink:
 
     def registry(self, events: DataFrame, subscription: dict[str, str], contract) -> DataFrame:
         records = (events.sparkSession.read.format("kafka")
-                   .options(**self.kafka_options, **subscription)
-                   .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+                   .options(**source_options(self.kafka_options, subscription,
+                                             {"startingOffsets": "earliest", "endingOffsets": "latest"}))
                    .load())
         return notifier.latest_registrations(records, contract, self.default_site)
 

@@ -11,6 +11,35 @@ from services.common.dead_letter import CONTRACT_VIOLATION, DLQ_HEADERS, DLQ_VAL
 
 READING_DDL = contracts.spark_ddl(contracts.READING.name)
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+_INF = float("inf")
+
+
+def _finite(value: Column) -> Column:
+    return ~(F.isnan(value) | (F.abs(value) == F.lit(_INF)))
+
+
+def conforms(contract: contracts.Contract, struct: str, skip: tuple[str, ...] = ()) -> Column:
+    """True where the parsed struct column `struct` holds what Contract.validate accepts, as far as
+    Spark's from_json lets it through: required fields set, strings not empty and within their
+    choices, longs within their bounds (event times Spark's timestamp_millis can take), doubles
+    finite. Null where a field is null, so use it in `where`. Fields in `skip` are not checked."""
+    checks = []
+    for f in contract.fields:
+        if f.name in skip:
+            continue
+        column = F.col(f"{struct}.{f.name}")
+        if f.kind == "string":
+            ok = (column != F.lit("")) & (column.isin(*f.choices) if f.choices else F.lit(True))
+        elif f.kind == "long":
+            ok = column.between(*f.bounds)
+        elif f.kind == "double":
+            ok = _finite(column)
+        else:
+            ok = F.lit(True)
+        checks.append(ok if f.required else (column.isNull() | ok))
+        if f.required:
+            checks.append(column.isNotNull())
+    return reduce(lambda a, b: a & b, checks)
 
 
 def celsius(value: Column, unit: Column) -> Column:
@@ -51,6 +80,8 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
         F.from_json(F.col("value").cast("string"), READING_DDL).alias("r"))
     unit_names = ", ".join(contracts.UNITS)
     temperature = F.col("r.temperature")
+    converted = celsius(temperature, F.col("r.unit"))
+    earliest, latest = next(f.bounds for f in contracts.READING.fields if f.name == "timestamp")
     any_field = reduce(lambda a, b: a | b, [F.col(f"r.{f}").isNotNull() for f in contracts.READING.field_names()])
     error = (
         F.when(F.col("value").isNull(), F.lit("empty value (expected a temperature-reading JSON object)"))
@@ -58,12 +89,16 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
         .when(F.col("r.sensor_id").isNull() | (F.col("r.sensor_id") == ""),
               F.lit("missing or empty field 'sensor_id' (string)"))
         .when(F.col("r.timestamp").isNull(), F.lit("missing or invalid field 'timestamp' (integer epoch ms)"))
+        # Beyond these, timestamp_millis (rollups, notifier) overflows and fails the query on every restart.
+        .when(~F.col("r.timestamp").between(earliest, latest),
+              F.format_string(f"field 'timestamp' must be an epoch time in ms from 0001-01-01 to 9999-12-31 "
+                              f"({earliest} to {latest}), got %d", F.col("r.timestamp")))
         .when(temperature.isNull(), F.lit("missing or invalid field 'temperature' (number)"))
-        .when(F.isnan(temperature) | (F.abs(temperature) == F.lit(float("inf"))),
-              F.lit("field 'temperature' must be a finite number"))
+        .when(~_finite(temperature), F.lit("field 'temperature' must be a finite number"))
         .when(F.col("r.unit").isNull(), F.lit(f"missing field 'unit' (expected {unit_names})"))
         .when(~F.col("r.unit").isin(*contracts.UNITS),
               F.format_string(f"unknown unit '%s' (expected {unit_names})", F.col("r.unit")))
+        .when(~_finite(converted), F.lit("field 'temperature' is out of range: not a finite number in Celsius"))
     )
     return parsed.select(
         "key", "value", "headers", "topic", "partition", "offset",
@@ -71,7 +106,7 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
         F.col("r.timestamp").alias("timestamp"),
         F.col("r.temperature").alias("temperature"),
         F.col("r.unit").alias("unit"),
-        celsius(temperature, F.col("r.unit")).alias("celsius"),
+        converted.alias("celsius"),
         site_column(header=header(names.HEADER_SITE), topic=F.col("topic"), default=default_site).alias("site"),
         error.alias("error"),
     )

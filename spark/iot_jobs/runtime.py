@@ -6,6 +6,8 @@ Nothing here transforms data; the transforms live in the other modules.
 """
 from __future__ import annotations
 
+import ast
+import json
 import logging
 import os
 import re
@@ -158,16 +160,69 @@ def ship_package() -> None:
     cloudpickle.register_pickle_by_value(iot_jobs)
 
 
+# Options of every Kafka read of every job (the streams and the notifier's registry batches), after the
+# KAFKA_OPTION_* ones so that no setting can change them (docs/architecture.md, "Delivery guarantees"):
+#  - read_committed: MirrorMaker writes the relayed topics in transactions; an aborted one's records
+#    would otherwise be read (a duplicate notification after a MirrorMaker restart). On the site's own
+#    topics, written without transactions, it changes nothing.
+#  - failOnDataLoss=false: with true, a record removed by retention before it was read (a job down for
+#    longer than the topic's retention) or a deleted topic (a site taken out of the relay) fails the
+#    query, and fails it again after every restart since the checkpoint still points there: every
+#    site's jobs would stay down until someone edits the checkpoint, and the records are gone either
+#    way. So such records are skipped; offset_regressions logs what the driver can see of it.
+FIXED_SOURCE_OPTIONS = {
+    "kafka.isolation.level": "read_committed",
+    "failOnDataLoss": "false",
+    "includeHeaders": "true",
+}
+
+
+def source_options(kafka_options: dict[str, str], subscription: dict[str, str],
+                   starting: dict[str, str]) -> dict[str, str]:
+    """The options of one Kafka read: connection (kafka_options), topics, where to start, FIXED_SOURCE_OPTIONS."""
+    return {**kafka_options, **subscription, **starting, **FIXED_SOURCE_OPTIONS}
+
+
 def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_topic: bool = False) -> DataFrame:
     """The source's records from the checkpoint, or on a first start from where
     STARTING_OFFSETS says (whole_topic: from the beginning, for registries)."""
     starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
     return (spark.readStream.format("kafka")
-            .options(**kafka.options, **source.options(), **starting)
-            .option("includeHeaders", "true")
-            # A deleted or recreated topic must not stop a site's detector.
-            .option("failOnDataLoss", "false")
+            .options(**source_options(kafka.options, source.options(), starting))
             .load())
+
+
+def _partition_offsets(text: object) -> dict[tuple[str, str], int] | None:
+    """A Kafka source's offsets in a progress report ('{"topic": {"0": 42}}', or that dict) by (topic, partition);
+    None for anything else (another kind of source, no offsets yet)."""
+    if isinstance(text, str):
+        try:
+            text = json.loads(text)
+        except ValueError:
+            try:
+                text = ast.literal_eval(text)       # PySpark may give str(dict) instead of the JSON
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+    if not isinstance(text, dict):
+        return None
+    return {(topic, str(p)): o for topic, parts in text.items() if isinstance(parts, dict)
+            for p, o in parts.items() if isinstance(o, int)}
+
+
+def offset_regressions(start: object, end: object) -> list[str]:
+    """What a micro-batch shows of skipped Kafka data (failOnDataLoss=false): partitions it started from that
+    are gone at its end (a deleted topic), and partitions whose end offset is below their start (a topic
+    deleted and created again). Records removed by retention before they were read do not show here."""
+    begin, finish = _partition_offsets(start), _partition_offsets(end)
+    if not begin or finish is None:
+        return []
+    found = []
+    for (topic, partition), offset in sorted(begin.items()):
+        if (topic, partition) not in finish:
+            found.append(f"{topic}[{partition}] is gone at offset {offset}")
+        elif finish[(topic, partition)] < offset:
+            found.append(f"{topic}[{partition}] went back from offset {offset} to {finish[(topic, partition)]}")
+    return found
 
 
 def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_dir: str,
@@ -246,12 +301,26 @@ def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> N
     spark.stop()
 
 
+_skipped: dict[str, int] = {}       # per query: Kafka partitions seen gone or reset (offset_regressions)
+
+
 def _log_progress(query: StreamingQuery, logged: dict[str, int]) -> None:
-    """One line per finished micro-batch (at most one per second and query): rows, rates, durations."""
+    """One line per finished micro-batch (at most one per second and query): rows, rates, durations;
+    and a warning with a running count for Kafka data the batch skipped."""
     progress = query.lastProgress
     if not progress or logged.get(query.name) == progress["batchId"]:
         return
+    previous = logged.get(query.name)
     logged[query.name] = progress["batchId"]
+    # Every batch since the last call is checked for skipped data; usually that is just this one.
+    batches = [progress] if previous is None or progress["batchId"] == previous + 1 else [
+        p for p in query.recentProgress if p["batchId"] > previous]
+    for batch in batches:
+        for source in batch.get("sources") or ():
+            for problem in offset_regressions(source.get("startOffset"), source.get("endOffset")):
+                _skipped[query.name] = _skipped.get(query.name, 0) + 1
+                log.warning("kafka data skipped query=%s batch=%s skipped_total=%d: %s (failOnDataLoss=false)",
+                            query.name, batch["batchId"], _skipped[query.name], problem)
     durations = progress.get("durationMs", {})
     log.info("progress query=%s batch=%s rows=%s input_rate=%.0f processed_rate=%.0f trigger_ms=%s add_batch_ms=%s "
              "state_rows=%s", query.name, progress["batchId"], progress.get("numInputRows"),

@@ -12,11 +12,11 @@ import json
 import pytest
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
-from services.adapter.app import _json
 from services.adapter.mappings import DEFAULT_MAPPINGS, parse_mappings
 from services.adapter.schema import LAYOUTS, insert_cql, layout, row_builder, utc_day
 from services.adapter.writer import _SERIALIZE, Item, Writer, row_serializer
 from services.common import contracts
+from services.common.contracts import decode_json as _json
 from tests.unit.adapter.reference import build_row
 
 EVENT = 1_778_300_000_123

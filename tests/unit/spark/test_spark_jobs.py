@@ -1,13 +1,12 @@
 """Spark jobs' transforms on a local SparkSession: parsing, dead letters, the
 stateful detector over several micro-batches, rollups with late data, notifier join.
 
-One SparkSession for the module (local[2], 2 shuffle partitions); streaming
-tests feed JSON files one micro-batch at a time into a file source.
+The SparkSession comes from conftest.py; streaming tests feed JSON files one
+micro-batch at a time into a file source.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from functools import reduce
 from pathlib import Path
@@ -19,9 +18,8 @@ sys.path.insert(0, str(ROOT / "spark"))
 
 pyspark = pytest.importorskip("pyspark")
 
-from iot_jobs import detector, notifier, readings, rollups, runtime  # noqa: E402
+from iot_jobs import detector, notifier, readings, rollups  # noqa: E402
 from iot_jobs.hysteresis import Limits, SensorState, ThresholdConfig, advance  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from services.common import contracts, names  # noqa: E402
@@ -30,24 +28,6 @@ from services.common.site import resolve_site  # noqa: E402
 
 KAFKA_DDL = ("key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
              "topic STRING, partition INT, offset BIGINT")
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    runtime.ship_package()
-    session = (SparkSession.builder.master("local[2]").appName("test-spark-jobs")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.streaming.stateStore.providerClass",
-                       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def kafka_rows(spark, values, topic="temperature-data", headers=None):
@@ -278,11 +258,11 @@ def test_notifier_joins_latest_registrations_and_says_when_one_is_missing(spark)
     devices = registry_records(spark, [
         ("site-a.device-registration", "d1", {"device_id": "d1", "name": "Boiler 3", "location": "Hall 2"})])
     events_kafka = spark.createDataFrame(
-        [("site-a.temperature-threshold-events", json.dumps(e).encode()) for e in (
+        [("site-a.temperature-threshold-events", json.dumps(e).encode(), None) for e in (
             event("s1", "site-a", False), event("s1", "site-a", True, exceeded_for_ms=0, max_transgression=31.0),
             event("s2", "site-a", False, exceeded_for_ms=4_000_000),
             event("s9", "site-a", False, exceeded_for_ms=900))],
-        "topic STRING, value BINARY")
+        "topic STRING, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
     events = notifier.parse_events(events_kafka, "datacenter")
     frame = notifier.notifications(events, notifier.latest_registrations(sensors, contracts.SENSOR, "dc"),
                                    notifier.latest_registrations(devices, contracts.DEVICE, "dc"))
