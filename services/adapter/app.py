@@ -45,6 +45,7 @@ metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -111,6 +112,21 @@ def _detail(text: str) -> str:
     """A dead letter's detail: bounded, and UTF-8 whatever the record put into the message."""
     text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+MOVED_CHECK_S = 10.0      # how often a failing adapter checks whether Cassandra moved
+MOVED_AFTER_S = 30.0      # writes failing this long before the check
+
+
+def resolve_all(hosts) -> set[str]:
+    """Every address the contact points resolve to now (unresolvable ones add nothing)."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            found |= {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        except OSError:
+            continue
+    return found
 
 
 class Adapter:
@@ -189,7 +205,7 @@ class Adapter:
     def run(self) -> int:
         if not self.start():
             return 0
-        last_commit = time.monotonic()
+        last_commit = last_moved_check = time.monotonic()
         try:
             while not self.stop.is_set():
                 self.heartbeat = time.monotonic()
@@ -197,9 +213,28 @@ class Adapter:
                 if self.heartbeat - last_commit >= self.settings.commit_interval:
                     self._commit(asynchronous=True)
                     last_commit = self.heartbeat
+                if self.heartbeat - last_moved_check >= MOVED_CHECK_S:
+                    last_moved_check = self.heartbeat
+                    moved = self._cassandra_moved()
+                    if moved:
+                        log.error("cassandra answers at a new address the driver will never try; exiting so the "
+                                  "restart connects afresh (nothing uncommitted is lost: it is read again)",
+                                  extra=kv(**moved))
+                        return 1
         finally:
             self._shutdown()
         return 0
+
+    def _cassandra_moved(self) -> dict[str, str] | None:
+        """After MOVED_AFTER_S of failing writes: do the contact points now resolve to addresses the
+        driver does not know? The driver resolves them once, at connect; a single-node cluster whose
+        task restarted on a new address (Swarm gives a new task a new IP) is otherwise never found again."""
+        failing = self.writer.failing_since if self.writer else None
+        if failing is None or time.monotonic() - failing < MOVED_AFTER_S:
+            return None
+        known = {str(getattr(h, "address", "")) for h in self.session.cluster.metadata.all_hosts()}
+        now = resolve_all(self.settings.cassandra_hosts)
+        return {"known": ",".join(sorted(known)), "resolved": ",".join(sorted(now))} if now - known else None
 
     def _tick(self) -> None:
         outstanding = self.writer.in_flight + self.dlq_pending

@@ -177,3 +177,33 @@ def test_shutdown_drains_in_flight_writes_commits_and_closes(adapter):
     adapter._shutdown()
     assert adapter.consumer.commits == [([(TOPIC, 1, 1)], False)] and adapter.consumer.closed
     assert adapter.producer is None and producer.produced == []
+
+
+# ------------------------------------------------------------------ Cassandra at a new address (issue 12, lab)
+
+class _Host:
+    def __init__(self, address):
+        self.address = address
+
+
+class _Cluster:
+    def __init__(self, addresses):
+        self.metadata = type("M", (), {"all_hosts": lambda _self: [_Host(a) for a in addresses]})()
+
+
+@pytest.mark.parametrize(("failing_for", "resolved", "moved"), [
+    (60.0, {"10.0.1.9"}, True),          # writes failing, the name now points elsewhere: restart
+    (60.0, {"10.0.1.4"}, False),         # same address: just an outage, keep waiting
+    (10.0, {"10.0.1.9"}, False),         # not failing long enough yet
+    (60.0, set(), False),                # unresolvable (task not healthy yet): keep waiting
+])
+def test_adapter_notices_cassandra_answering_at_an_address_the_driver_never_tries(monkeypatch, failing_for,
+                                                                                   resolved, moved):
+    from services.adapter import app
+    adapter = app.Adapter.__new__(app.Adapter)
+    adapter.settings = type("S", (), {"cassandra_hosts": ("cassandra-1",)})()
+    adapter.session = type("Sess", (), {"cluster": _Cluster(["10.0.1.4"])})()
+    adapter.writer = type("W", (), {"failing_since": 1000.0})()
+    monkeypatch.setattr(app.time, "monotonic", lambda: 1000.0 + failing_for)
+    monkeypatch.setattr(app, "resolve_all", lambda hosts: resolved)
+    assert bool(adapter._cassandra_moved()) is moved
