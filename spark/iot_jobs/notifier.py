@@ -3,17 +3,28 @@
 The registries are compacted topics read as a batch (earliest..latest) in each
 micro-batch that has events: they are small, and this always joins the latest
 registration without keeping a second copy of them in state.
+
+Each event is announced once (`announce_once`): a site's threshold detector
+writes to Kafka at least once, so after it crashes between writing a batch and
+committing it, the replayed batch repeats the same events (same sensor, time and
+kind), and MirrorMaker relays both copies.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from iot_jobs import records
 from iot_jobs.readings import conforms, header, site_column
 from services.common import contracts, names
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
+# announce_once has no timers: no micro-batch without input (the trigger is "0 seconds").
+SESSION_CONF = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"}
 # Value of a `notifications` record: the text plus the joined fields.
 NOTIFICATION_FIELDS = (
     "sensor_id", "site", "text", "state", "sensor_name", "device_id", "device_name", "location",
@@ -37,6 +48,47 @@ def parse_events(records: DataFrame, default_site: str) -> DataFrame:
     return parsed.where(conforms(contracts.THRESHOLD_EVENT, "e", skip=("site",))).select(
         *[F.col(f"e.{f}").alias(f) for f in contracts.THRESHOLD_EVENT.field_names() if f != "site"],
         site.alias("site"))
+
+
+def announce_once(events: DataFrame, ttl_ms: int) -> DataFrame:
+    """THRESHOLD_EVENT rows (parse_events) -> the same rows without repeats of an event already seen.
+
+    An event is (site, sensor_id, timestamp, is_last): the detector makes at most
+    one transition per reading, so no two different events share it. Per sensor,
+    the events seen are kept for ttl_ms of processing time (a repeat comes when the
+    detector is back, minutes later). State is keyed per sensor, not by a watermark
+    on event time: one device with a wrong clock cannot make other sensors' events late.
+    """
+    return events.groupBy("site", "sensor_id").transformWithStateInPandas(
+        statefulProcessor=AnnounceOnce(ttl_ms, events.columns),
+        outputStructType=events.schema,
+        outputMode="Append",
+        timeMode="ProcessingTime",   # needed for state TTL
+    )
+
+
+class AnnounceOnce(StatefulProcessor):
+    def __init__(self, ttl_ms: int, columns: list[str]) -> None:
+        self.ttl_ms, self.columns = ttl_ms, columns
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.seen = handle.getMapState("seen", "timestamp BIGINT, is_last BOOLEAN", "seen BOOLEAN", self.ttl_ms)
+
+    def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
+        batch = pd.concat(list(rows), ignore_index=True)
+        fresh, this_batch = [], set()
+        for i, (timestamp, is_last) in enumerate(zip(batch["timestamp"], batch["is_last"], strict=True)):
+            event = (int(timestamp), bool(is_last))
+            if event in this_batch or self.seen.containsKey(event):
+                continue
+            this_batch.add(event)
+            self.seen.updateValue(event, (True,))
+            fresh.append(i)
+        if fresh:
+            yield batch.iloc[fresh][self.columns]
+
+    def close(self) -> None:
+        pass
 
 
 def latest_registrations(records: DataFrame, contract: contracts.Contract, default_site: str) -> DataFrame:

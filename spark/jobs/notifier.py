@@ -5,8 +5,11 @@ unprefixed topics, default 'datacenter'), STARTING_OFFSETS,
 THRESHOLD_EVENTS_TOPIC_PATTERN, SENSOR_REGISTRATION_TOPIC_PATTERN,
 DEVICE_REGISTRATION_TOPIC_PATTERN, NOTIFICATIONS_TOPIC, DEAD_LETTER_TOPIC,
 WEBHOOK_URL or WEBHOOK_URL_FILE (a secret), WEBHOOK_CHAT_ID, WEBHOOK_ATTEMPTS,
-WEBHOOK_TIMEOUT_SECONDS, WEBHOOK_BACKOFF_SECONDS, TRIGGER_INTERVAL, KAFKA_OPTION_*.
-Delivery is at least once: a micro-batch interrupted by a crash is sent again.
+WEBHOOK_TIMEOUT_SECONDS, WEBHOOK_BACKOFF_SECONDS, ANNOUNCED_TTL_SECONDS, TRIGGER_INTERVAL,
+KAFKA_OPTION_*.
+An event repeated by a site's detector is announced once (notifier.announce_once).
+The notifier's own delivery is at least once: a micro-batch interrupted by a
+crash of the notifier is sent again.
 """
 import sys
 from pathlib import Path
@@ -55,11 +58,13 @@ def run() -> None:
     out_topic = runtime.env("NOTIFICATIONS_TOPIC", names.NOTIFICATIONS)
     dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", names.DEAD_LETTER)
     hook = webhook_from_env()
-    checkpoint = runtime.checkpoint(JOB, "notifications")
+    ttl_ms = runtime.env_int("ANNOUNCED_TTL_SECONDS", 7 * 24 * 3600, minimum=1) * 1000
+    # "-once": the query gained a stateful step; an older "notifications" checkpoint has no state for it.
+    checkpoint = runtime.checkpoint(JOB, "notifications-once")
 
-    spark = runtime.session(JOB)
-    events = notifier.parse_events(
-        runtime.read_kafka(spark, kafka, events_source), site)
+    spark = runtime.session(JOB, notifier.SESSION_CONF)
+    events = notifier.announce_once(notifier.parse_events(
+        runtime.read_kafka(spark, kafka, events_source), site), ttl_ms)
     sink = BatchSink(kafka.options, sensors_source.options(), devices_source.options(), site,
                               out_topic, dead_letter_topic, hook)
     writer = (events.writeStream.queryName("notifications")

@@ -249,6 +249,47 @@ def event(sensor_id, site, is_first, **fields):
     return {**base, **fields}
 
 
+def test_notifier_announces_a_repeated_event_once(spark, tmp_path):
+    """A detector that crashed before committing replays its batch: the same events come again
+    (same site, sensor, time, kind), in a later micro-batch or twice in one, and across a
+    restart of the notifier itself. Each is announced once; other sites' and kinds' are not dropped."""
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")   # as the job does
+    source = FileStream(spark, tmp_path / "events", "topic STRING, value STRING")
+    headers = F.lit(None).cast("array<struct<key: string, value: binary>>")
+    announced = []
+
+    def start():     # foreachBatch, as the job: the memory sink cannot restart from a checkpoint
+        records = source.frame.select("topic", F.col("value").cast("binary").alias("value"), headers.alias("headers"))
+        events = notifier.announce_once(notifier.parse_events(records, "datacenter"), ttl_ms=3_600_000)
+        return (events.writeStream.foreachBatch(lambda frame, _batch: announced.extend(frame.collect()))
+                .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+
+    def put(*events):
+        source.put([{"topic": f"{e['site']}.temperature-threshold-events", "value": json.dumps(e)} for e in events])
+
+    opened, closed = event("s1", "site-a", True, exceeded_for_ms=0), event("s1", "site-a", False, timestamp=1_700_000_200_000)
+    other_site = event("s1", "site-b", True, exceeded_for_ms=0)
+    query = start()
+    try:
+        put(opened, event("s2", "site-a", False))
+        query.processAllAvailable()
+        put(opened, closed, other_site)          # opened: the replayed batch
+        query.processAllAvailable()
+        put(closed, closed)                      # twice within one micro-batch
+        query.processAllAvailable()
+        query.stop()
+        query = start()                          # the notifier restarted: what it announced is in its checkpoint
+        put(opened, other_site, event("s2", "site-a", True, timestamp=1_700_000_300_000, exceeded_for_ms=0))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    got = sorted((r.site, r.sensor_id, r.timestamp, r.is_last) for r in announced)
+    assert got == sorted([
+        ("site-a", "s1", 1_700_000_125_000, False), ("site-a", "s1", 1_700_000_200_000, True),
+        ("site-a", "s2", 1_700_000_125_000, True), ("site-a", "s2", 1_700_000_300_000, False),
+        ("site-b", "s1", 1_700_000_125_000, False)])
+
+
 def test_notifier_joins_latest_registrations_and_says_when_one_is_missing(spark):
     sensors = registry_records(spark, [
         ("site-a.sensor-registration", "s1", {"sensor_id": "s1", "name": "Boiler probe", "device_id": "d1",
