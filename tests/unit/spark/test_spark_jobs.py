@@ -267,7 +267,8 @@ def test_notifier_announces_a_repeated_event_once(spark, tmp_path):
     def put(*events):
         source.put([{"topic": f"{e['site']}.temperature-threshold-events", "value": json.dumps(e)} for e in events])
 
-    opened, closed = event("s1", "site-a", True, exceeded_for_ms=0), event("s1", "site-a", False, timestamp=1_700_000_200_000)
+    opened = event("s1", "site-a", True, exceeded_for_ms=0)
+    closed = event("s1", "site-a", False, timestamp=1_700_000_200_000)
     other_site = event("s1", "site-b", True, exceeded_for_ms=0)
     query = start()
     try:
