@@ -137,6 +137,9 @@ def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         # 200 state partitions cost seconds per micro-batch on a small site; fixed once checkpointed.
         "spark.sql.shuffle.partitions": "4",
+        # A Python worker's socket back to the JVM (SPARK_AUTH_SOCKET_TIMEOUT in the worker) gets 15 s
+        # by default; on a CPU-starved host that failed queries (CANNOT_OPEN_SOCKET) before they ran.
+        "spark.python.authenticate.socketTimeout": "60s",
         "spark.sql.session.timeZone": "UTC",
         **(extra or {}),
     }
@@ -246,13 +249,21 @@ def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_
 # plans a query's first micro-batch. On a CPU-starved host the worker's imports
 # take longer and the query fails before it ran. Starting the query again in
 # this driver costs seconds; letting Swarm restart the JVM costs minutes of CPU
-# and makes the starvation worse.
+# and makes the starvation worse. The count is of failures in a row: a query that
+# finished a micro-batch since its last failure starts counting again. Between
+# attempts the driver waits (restart_delay), so a starved host gets its CPU back.
 WORKER_START_FAILURES = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET")
 WORKER_START_RETRIES = 10
 
 
+def restart_delay(failures: int) -> float:
+    """Seconds to wait before starting a query again after `failures` worker-start failures in a row."""
+    return float(min(2 ** failures, 30))
+
+
 def restart_reason(error: str, restarts: int) -> str | None:
-    """Why a failed query may be started again in-process, or None (then the job exits)."""
+    """Why a failed query may be started again in-process (restarts: failures in a row so far),
+    or None (then the job exits)."""
     if restarts >= WORKER_START_RETRIES:
         return None
     return next((f"python worker start timed out ({marker})" for marker in WORKER_START_FAILURES
@@ -263,7 +274,8 @@ def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> N
     """Start the queries, wait for SIGTERM/SIGINT, then stop each between micro-batches and exit 0.
 
     A query that fails because its Python worker started too slowly is started
-    again from its checkpoint (up to WORKER_START_RETRIES times); any other
+    again from its checkpoint (up to WORKER_START_RETRIES failures in a row,
+    restart_delay apart); any other
     failure ends the job with the query's error, for Swarm to restart.
 
     The JVM owns the process that Docker signals (spark-submit), so SIGTERM is
@@ -277,16 +289,22 @@ def run_until_stopped(spark: SparkSession, writers: list[DataStreamWriter]) -> N
     queries = [writer.start() for writer in writers]
     log.info("started queries=%s", ",".join(q.name or q.id for q in queries))
     logged: dict[str, int] = {}
-    restarts = [0] * len(queries)
+    failures = [0] * len(queries)          # worker-start failures in a row, per query
     while not stop.is_set():
         for i, query in enumerate(queries):
             if query.exception() is not None or not query.isActive:
-                reason = restart_reason(str(query.exception()), restarts[i])
+                reason = restart_reason(str(query.exception()), failures[i])
                 if reason is None:
                     raise RuntimeError(f"query {query.name} stopped: {query.exception()}")
-                restarts[i] += 1
-                log.warning("restarting query=%s attempt=%d reason=%s", query.name, restarts[i], reason)
+                failures[i] += 1
+                delay = restart_delay(failures[i])
+                log.warning("restarting query=%s attempt=%d in=%.0fs reason=%s", query.name, failures[i], delay,
+                            reason)
+                if stop.wait(delay):
+                    break
                 query = queries[i] = writers[i].start()
+            elif query.lastProgress is not None:
+                failures[i] = 0            # it ran a micro-batch: the host has CPU again
             _log_progress(query, logged)
         stop.wait(1.0)
     log.info("stopping: signal received")

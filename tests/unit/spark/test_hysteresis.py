@@ -350,6 +350,7 @@ def test_only_a_slow_python_worker_start_restarts_a_query_in_process_and_only_a_
     assert "python worker start timed out" in runtime.restart_reason(slow, 0)
     assert runtime.restart_reason("[CANNOT_OPEN_SOCKET] Can not open socket", 3) is not None
     assert runtime.restart_reason(slow, runtime.WORKER_START_RETRIES) is None
+    assert [runtime.restart_delay(n) for n in (1, 2, 4, 5, 6, 10)] == [2.0, 4.0, 16.0, 30.0, 30.0, 30.0]
     # Anything else (bad data, Kafka authorisation, a bug) ends the job for Swarm to restart.
     assert runtime.restart_reason("org.apache.kafka.common.errors.TopicAuthorizationException", 0) is None
     assert runtime.restart_reason("None", 0) is None
