@@ -67,6 +67,7 @@ from services.common.dead_letter import (
     UNMAPPED,
     UNPROCESSABLE,
     DeadLetter,
+    bounded_detail,
     dead_letter,
 )
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
@@ -84,7 +85,6 @@ SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S = 1.0, 15.0
 # Dead-letter reason of the adapter alone (the generic ones are in services.common.dead_letter):
 # the row cannot be bound to the table, or Cassandra answered InvalidRequest.
 UNWRITABLE = "unwritable"
-DETAIL_LIMIT = 1000         # characters of a dead letter's detail: it is a Kafka header, not a log
 
 
 class _Route:
@@ -108,14 +108,38 @@ def _ingest_ms(value: bytes) -> int | None:
     return ms if EPOCH_MS_MIN <= ms <= EPOCH_MS_MAX else None
 
 
-def _detail(text: str) -> str:
-    """A dead letter's detail: bounded, and UTF-8 whatever the record put into the message."""
-    text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 MOVED_CHECK_S = 10.0      # how often a failing adapter checks whether Cassandra moved
 MOVED_AFTER_S = 30.0      # writes failing this long before the check
+
+
+class ConsumerFailed(Exception):
+    """librdkafka raised a fatal consumer error: the consumer will never consume or commit again."""
+
+
+def _raise_if_fatal(error: Any) -> None:
+    """ConsumerFailed for a fatal consumer error. librdkafka hands it to a consumer as a record whose error
+    code is _FATAL (KafkaError.fatal() stays false on such a record); e.g. a fenced static member."""
+    from confluent_kafka import KafkaError
+
+    if error.fatal() or error.code() == KafkaError._FATAL:
+        raise ConsumerFailed(str(error))
+
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    """The Kafka consumer's configuration (without callbacks)."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": settings.group_id,
+        "session.timeout.ms": settings.session_timeout_ms,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "queued.max.messages.kbytes": 16384,      # bound the prefetch: the container has a memory limit
+    }
+    if settings.group_instance_id:
+        # Static membership: see the option's comment in adapter.settings. A second consumer with the
+        # same id fences this one (FENCED_INSTANCE_ID, fatal): _accept then stops the adapter.
+        config["group.instance.id"] = settings.group_instance_id
+    return config
 
 
 def resolve_all(hosts) -> set[str]:
@@ -172,21 +196,15 @@ class Adapter:
             self._retry_until_done("create schema", lambda s=statement: self.session.execute(s, timeout=60))
         self.writer = Writer(self.session, self.settings.keyspace, self.router.mappings,
                              self.settings.max_batch_rows, self.settings.write_timeout)
-        self.consumer = Consumer({
-            "bootstrap.servers": self.settings.kafka_bootstrap,
-            "group.id": self.settings.group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "queued.max.messages.kbytes": 16384,      # bound the prefetch: the container has a memory limit
-            "on_commit": self._on_commit,
-        })
+        self.consumer = Consumer({**consumer_config(self.settings), "on_commit": self._on_commit})
         self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap,
                                   "enable.idempotence": True, "acks": "all", "linger.ms": 5})
         self.consumer.subscribe(self.router.subscription(), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         self.heartbeat = time.monotonic()
         log.info("started", extra=kv(keyspace=self.settings.keyspace, topics=",".join(self.router.subscription()),
-                                     window=self.settings.window, group=self.settings.group_id))
+                                     window=self.settings.window, group=self.settings.group_id,
+                                     instance=self.settings.group_instance_id or "dynamic"))
         return True
 
     def _retry_until_done(self, what: str, action) -> None:
@@ -221,6 +239,12 @@ class Adapter:
                                   "restart connects afresh (nothing uncommitted is lost: it is read again)",
                                   extra=kv(**moved))
                         return 1
+        except ConsumerFailed as err:
+            log.error("the Kafka consumer failed for good; exiting so that the restart creates a new one "
+                      "(nothing uncommitted is lost: it is read again)", extra=kv(
+                          error=str(err), instance=self.settings.group_instance_id or "dynamic",
+                          fix="if fenced: two running replicas share ADAPTER_GROUP_INSTANCE_ID; give each its own"))
+            return 1
         finally:
             self._shutdown()
         return 0
@@ -283,6 +307,7 @@ class Adapter:
         routes = self._routes
         for msg in msgs:
             if msg.error():
+                _raise_if_fatal(msg.error())
                 log.warning("consumer error", extra=kv(error=msg.error()))
                 continue
             topic = msg.topic()
@@ -365,7 +390,7 @@ class Adapter:
             self._retries_seen = self.writer.retries_total
 
     def _dead_letter(self, msg: Any, reason: str, detail: str) -> None:
-        detail = _detail(detail)
+        detail = bounded_detail(detail)
         record = dead_letter(self.settings.dead_letter_topic, msg.topic(), msg.key(), msg.value(), reason, detail,
                              int(time.time() * 1000), msg.headers(), msg.partition(), msg.offset())
         log.warning("dead-letter", extra=kv(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),

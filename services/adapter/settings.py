@@ -22,6 +22,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("group_id", "ADAPTER_GROUP_ID", names.CONSUMER_GROUPS["adapter"],
            "consumer group; replicas with the same group split the partitions (the stacks set "
            "<site>-cassandra-adapter, so no two tiers share a group)"),
+    # Static membership (KIP-345). A replica killed and restarted by Swarm rejoins under the same id and
+    # gets its partitions back at once, where a new dynamic member waited for the dead one's session to
+    # time out (~46 s of a partition's rows measured). The price: librdkafka sends no LeaveGroup for a
+    # static member on close, so a replica that stops for good (a scale-down, a stack without that slot)
+    # keeps its partitions unread until session_timeout_ms passes (docs/operations.md).
+    Option("group_instance_id", "ADAPTER_GROUP_INSTANCE_ID", "",
+           "static group membership (librdkafka group.instance.id): an id unique in the group and stable "
+           "across restarts of a replica (the stacks set <site>-cassandra-adapter-{{.Task.Slot}}); a replica "
+           "back within --session-timeout-ms gets its partitions again without a rebalance, but one that "
+           "stops for good holds them until then (empty: dynamic membership)", settings.group_instance_id),
+    Option("session_timeout_ms", "ADAPTER_SESSION_TIMEOUT_MS", 45000,
+           "consumer group session timeout (librdkafka session.timeout.ms, 6000..300000): a member not heard "
+           "from for this long loses its partitions; with a group instance id it is also how long a replica "
+           "may be away and come back to them", settings.session_timeout_ms),
     Option("mappings_file", "ADAPTER_MAPPINGS_FILE", "",
            "TOML file of [[table]] topic-to-table mappings (empty: the edge defaults, see --print-schema)"),
     Option("cassandra_hosts", "ADAPTER_CASSANDRA_HOSTS", "cassandra-1",
@@ -57,6 +71,8 @@ _CONSISTENCY = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QU
 class Settings:
     kafka_bootstrap: str
     group_id: str
+    group_instance_id: str
+    session_timeout_ms: int
     mappings_file: str
     cassandra_hosts: tuple[str, ...]
     cassandra_port: int

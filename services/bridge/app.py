@@ -44,6 +44,8 @@ Kafka failures
   message is acked only after some delivery of it succeeded. A record Kafka can
   never take (too large, invalid) goes to dead-letter instead. A fatal producer
   error ends the process without acking: the broker redelivers to the next one.
+  So does a fatal error of the command consumer (e.g. fenced by another replica
+  running with the same BRIDGE_COMMANDS_GROUP_INSTANCE_ID).
   If the MQTT connection drops, the window is forgotten (not acked) and the
   broker redelivers on the resumed session: duplicates are possible, loss is not.
 
@@ -155,7 +157,9 @@ class Bridge:
         self.commands = None
         if s.commands_topic:
             self.commands = CommandForwarder(s.kafka_bootstrap, s.commands_topic, s.commands_group, s.client_id,
-                                             s.dead_letter_topic, s.site, self._produce_dead_letter)
+                                             s.dead_letter_topic, s.site, self._produce_dead_letter,
+                                             group_instance_id=s.commands_group_instance_id,
+                                             session_timeout_ms=s.commands_session_timeout_ms)
             self.client.on_puback = self.commands.on_publish
 
     # ------------------------------------------------------------ MQTT
@@ -412,6 +416,7 @@ class Bridge:
                     self._ack()
                     if self.commands and drain_until is None:
                         self.commands.pump(self.client)
+                        self.fatal = self.fatal or self.commands.fatal
                 self._push_metrics()
         finally:
             self._shutdown()

@@ -22,7 +22,14 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from services.bridge import metrics
 from services.common import contracts, names
 from services.common.contracts import ContractError, InvalidJson, parse_json
-from services.common.dead_letter import CONTRACT_VIOLATION, INVALID_JSON, UNPROCESSABLE, DeadLetter, dead_letter
+from services.common.dead_letter import (
+    CONTRACT_VIOLATION,
+    INVALID_JSON,
+    UNPROCESSABLE,
+    DeadLetter,
+    bounded_detail,
+    dead_letter,
+)
 from services.common.observability import kv
 from services.common.offsets import OffsetTracker, Partition
 from services.common.site import resolve_site
@@ -31,7 +38,6 @@ from services.mqtt.codec import reason_name
 log = logging.getLogger("bridge.commands")
 _TOPIC_CHARS = ("/", "+", "#")
 _MQTT_STRING_MAX = 65535        # bytes of an MQTT UTF-8 string (the topic of a PUBLISH)
-DETAIL_LIMIT = 1000             # characters of a dead letter's detail: it is a Kafka header
 
 
 def _mqtt_text_problem(text: str) -> str | None:
@@ -71,24 +77,25 @@ def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> 
     return topic
 
 
-def _detail(text: str) -> str:
-    """A dead letter's detail: bounded, and UTF-8 whatever the record put into the message."""
-    text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 class CommandForwarder:
     def __init__(self, bootstrap: str, topic: str, group: str, client_id: str, dlq_topic: str,
                  default_site: str | None, dead_letter_sink: Callable[[DeadLetter, Callable[[], None]], None],
-                 max_in_flight: int = 100):
+                 max_in_flight: int = 100, group_instance_id: str | None = None, session_timeout_ms: int = 45000):
         self.topic, self.dlq_topic, self.default_site = topic, dlq_topic, default_site
         self.dead_letter_sink = dead_letter_sink
         self.max_in_flight = max_in_flight
-        self.consumer = Consumer({
+        self.fatal: str | None = None             # a fatal consumer error: the consumer is dead for good
+        config = {
             "bootstrap.servers": bootstrap, "group.id": group, "client.id": f"{client_id}-commands",
+            "session.timeout.ms": session_timeout_ms,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
-        })
+        }
+        if group_instance_id:
+            # Static membership (BRIDGE_COMMANDS_GROUP_INSTANCE_ID). A second consumer with the same id
+            # fences this one (FENCED_INSTANCE_ID, fatal): pump sets `fatal` and the bridge stops.
+            config["group.instance.id"] = group_instance_id
+        self.consumer = Consumer(config)
         self.consumer.subscribe([topic], on_revoke=self._revoked)
         self.tracker = OffsetTracker()            # a record is finished once PUBACKed or dead-lettered
         self.by_mid: dict[int, tuple[Partition, int]] = {}     # MQTT packet id -> ((topic, partition), offset)
@@ -101,8 +108,13 @@ class CommandForwarder:
             return
         for msg in self.consumer.consume(num_messages=min(room, 100), timeout=0):
             if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("command consumer error", extra=kv(error=str(msg.error())))
+                error = msg.error()
+                if error.fatal() or error.code() == KafkaError._FATAL:
+                    # librdkafka's fatal consumer error comes as a record with code _FATAL (fatal() stays false).
+                    self.fatal = f"fatal Kafka command consumer error: {error}"
+                    return
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("command consumer error", extra=kv(error=str(error)))
                 continue
             self._forward(client, msg)
 
@@ -120,7 +132,7 @@ class CommandForwarder:
                 reason = CONTRACT_VIOLATION
             else:
                 reason, err = UNPROCESSABLE, f"{type(err).__name__}: {err}"
-            detail = _detail(str(err))
+            detail = bounded_detail(str(err))
             record = dead_letter(self.dlq_topic, tp[0], msg.key(), value, reason, detail,
                                  int(time.time() * 1000), list(msg.headers() or ()), tp[1], offset)
             log.warning("command dead-lettered", extra=kv(reason=reason, detail=detail[:300], offset=offset))

@@ -111,7 +111,8 @@ class _TopicPlan:
         self.contract = contracts.contract(rule.contract)
         names = self.contract.field_names()
         self.fills = tuple((name, value) for name, value in segments.items() if name in names)
-        self.fields = tuple((f.name, _KIND_TYPES[f.kind], f.required, f.choices) for f in self.contract.fields)
+        self.fields = tuple((f.name, _KIND_TYPES[f.kind], f.required, f.choices, f.bounds)
+                            for f in self.contract.fields)
         self.kafka_topic = rule.kafka_topic
         self.key = rule.key.format(**segments).encode()
 
@@ -130,12 +131,14 @@ class _TopicPlan:
         # which coerces (e.g. 20 -> 20.0) or raises exactly as before.
         clean: dict[str, Any] = {}
         get = data.get
-        for name, want, required, choices in self.fields:
+        for name, want, required, choices, bounds in self.fields:
             value = get(name)
             if type(value) is want:
                 if want is float:
                     if not isfinite(value):
                         return self.contract.validate(data)
+                elif want is int and not bounds[0] <= value <= bounds[1]:     # 64 bits; times: years 1-9999
+                    return self.contract.validate(data)
                 elif want is str and (not value or (choices and value not in choices)):
                     return self.contract.validate(data)
                 clean[name] = value

@@ -52,6 +52,8 @@ class BridgeSettings:
     dead_letter_topic: str = names.DEAD_LETTER
     commands_topic: str | None = names.DEVICE_COMMANDS
     commands_group: str = "bridge-commands"
+    commands_group_instance_id: str | None = None
+    commands_session_timeout_ms: int = 45000
     metrics_port: int = 9102
     drain_s: float = 8.0
     peers_dns: str | None = None
@@ -109,6 +111,19 @@ OPTIONS: tuple[settings.Option, ...] = (
                     "Kafka topic forwarded to MQTT device command topics; 'none' disables the command path"),
     settings.Option("commands_group", "BRIDGE_COMMANDS_GROUP", _D.commands_group,
                     "Kafka consumer group of the command path"),
+    # Static membership, as the adapter's ADAPTER_GROUP_INSTANCE_ID (services/adapter/settings.py): a
+    # restarted replica takes its partitions back at once; one that stops for good holds them until its
+    # session times out, because librdkafka sends no LeaveGroup for a static member (docs/operations.md).
+    settings.Option("commands_group_instance_id", "BRIDGE_COMMANDS_GROUP_INSTANCE_ID", "",
+                    "static membership in the command path's group (librdkafka group.instance.id): unique in the "
+                    "group and stable across restarts of a replica (the stack sets "
+                    "<site>-bridge-commands-{{.Task.Slot}}); a replica back within the session timeout gets its "
+                    "partitions again without a rebalance, one that stops for good holds them until then "
+                    "(empty: dynamic membership)", settings.group_instance_id),
+    settings.Option("commands_session_timeout_ms", "BRIDGE_COMMANDS_SESSION_TIMEOUT_MS",
+                    _D.commands_session_timeout_ms,
+                    "session timeout of the command path's group (librdkafka session.timeout.ms, 6000..300000)",
+                    settings.session_timeout_ms),
     settings.Option("metrics_port", "BRIDGE_METRICS_PORT", _D.metrics_port,
                     "port of /metrics and /healthz; 0 disables", int),
     settings.Option("drain_s", "BRIDGE_DRAIN_S", _D.drain_s,
@@ -133,4 +148,5 @@ def from_args(argv: list[str] | None = None) -> BridgeSettings:
     return BridgeSettings(**{
         **v, "mqtt_username": v["mqtt_username"] or None, "commands_topic": commands,
         "client_id": v["client_id"] or f"bridge-{socket.gethostname()}",
-        "mapping_file": v["mapping_file"] or None, "site": v["site"] or None, "peers_dns": v["peers_dns"] or None})
+        "mapping_file": v["mapping_file"] or None, "site": v["site"] or None, "peers_dns": v["peers_dns"] or None,
+        "commands_group_instance_id": v["commands_group_instance_id"] or None})

@@ -28,6 +28,10 @@ CONTRACT_VIOLATION = "contract_violation"
 UNMAPPED = "unmapped"
 UNPROCESSABLE = "unprocessable"
 
+# Characters of a dead letter's detail (the text after "<reason>: " in dlq_reason): it is a Kafka
+# header, not a log, and the detail often quotes the record (bounded_detail).
+DETAIL_LIMIT = 1000
+
 # Kafka's default max.message.bytes is ~1 MB and Mosquitto's max_packet_size 1 MiB: a dead-letter
 # value above this is cut so that the dead-letter record itself can always be written.
 DLQ_VALUE_LIMIT = 900_000
@@ -52,6 +56,13 @@ class DeadLetter:
 def reason_text(reason: str, detail: str) -> str:
     """The dlq_reason header: the reason code, then what is wrong and the fix."""
     return f"{reason}: {detail}"
+
+
+def bounded_detail(text: str) -> str:
+    """A dead letter's detail: at most DETAIL_LIMIT characters (then "..."), and valid UTF-8 whatever the
+    record put into the message (a lone surrogate becomes its backslash escape, so .encode() cannot fail)."""
+    text = text if len(text) <= DETAIL_LIMIT else f"{text[:DETAIL_LIMIT]}..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def offset_text(partition: int, offset: int) -> str:

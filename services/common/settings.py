@@ -63,6 +63,27 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[
     return parse
 
 
+def group_instance_id(text: str) -> str:
+    """A parse function for a Kafka consumer's group.instance.id (static group membership; "" for none).
+
+    Kafka's rule for the name (the Java client's JoinGroupRequest.validateGroupInstanceId; librdkafka
+    checks nothing): 1 to 249 of A-Z a-z 0-9 . _ -, not '.' or '..'. A '{{' means a Swarm template such
+    as {{.Task.Slot}} reached the program unexpanded (only a Swarm service expands it)."""
+    text = text.strip()
+    if "{{" in text:
+        raise ValueError("an unexpanded Swarm template: {{.Task.Slot}} is expanded only in a Swarm service's "
+                         "environment; elsewhere give each replica its own fixed id")
+    if text in (".", "..") or len(text) > 249 or any(not (c.isascii() and (c.isalnum() or c in "._-"))
+                                                     for c in text):
+        raise ValueError("a group instance id is at most 249 of A-Z a-z 0-9 . _ - (and not '.' or '..')")
+    return text
+
+
+# A consumer group's session.timeout.ms: from the broker's group.min.session.timeout.ms (Kafka's default,
+# which the stacks keep) to librdkafka's max.poll.interval.ms (default 300000; it refuses a longer session).
+session_timeout_ms = integer(6000, 300000)
+
+
 # Built-in parse functions: how a bad value is described.
 _KINDS: dict[Any, tuple[str, str, Callable[[str], Any]]] = {
     int: ("int", "a whole number", int),

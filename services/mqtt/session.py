@@ -69,6 +69,16 @@ def _ignore(*_args) -> None:
     return None
 
 
+def _reason_codes(name: str, data: bytes, pos: int, end: int) -> tuple[int, list[int]]:
+    """(packet identifier, reason codes) of the SUBACK or UNSUBACK (`name`) body data[pos:end]. Both have
+    one layout: packet identifier, properties (parsed, then dropped), one reason code per filter asked."""
+    if end - pos < 3:
+        raise MalformedPacket(f"{name} shorter than 3 bytes")
+    mid = data[pos] << 8 | data[pos + 1]
+    _props, _user, at = decode_properties(data, pos + 2, end)
+    return mid, list(data[at:end])
+
+
 class MqttSession:
     """One MQTT v5 connection at a time to one broker; `connect` again after it closed."""
 
@@ -333,17 +343,9 @@ class MqttSession:
         elif kind == PINGRESP:
             self._ping_sent = 0.0
         elif kind == SUBACK:
-            if end - pos < 3:
-                raise MalformedPacket("SUBACK shorter than 3 bytes")
-            mid = data[pos] << 8 | data[pos + 1]
-            _props, _user, at = decode_properties(data, pos + 2, end)
-            self.on_suback(mid, list(data[at:end]))
+            self.on_suback(*_reason_codes("SUBACK", data, pos, end))
         elif kind == UNSUBACK:
-            if end - pos < 3:
-                raise MalformedPacket("UNSUBACK shorter than 3 bytes")
-            mid = data[pos] << 8 | data[pos + 1]
-            _props, _user, at = decode_properties(data, pos + 2, end)
-            self.on_unsuback(mid, list(data[at:end]))
+            self.on_unsuback(*_reason_codes("UNSUBACK", data, pos, end))
         elif kind == CONNACK:
             self._connack(data, pos, end)
         elif kind == DISCONNECT:

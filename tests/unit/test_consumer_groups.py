@@ -13,7 +13,9 @@ offsets past records it had never written. So:
 - MirrorMaker's group filter, evaluated here with Kafka 3.9's DefaultGroupFilter rules,
   replicates per flow only that site's own groups, never a datacenter-owned one, and
   keeps MM2's default exclusions;
-- the Spark jobs commit no group (their Kafka source keeps offsets in checkpoints).
+- the Spark jobs commit no group (their Kafka source keeps offsets in checkpoints);
+- every member of a service's group is static, one group.instance.id per Swarm task slot, so a
+  restarted replica gets its partitions back without waiting out session.timeout.ms.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pytest
 
 from services.adapter import settings as adapter_settings
 from services.bridge import settings as bridge_settings
-from services.common import names
+from services.common import names, settings
 from tests.unit.stack_render import REPO, filters, properties, render, render_mm2, stack_settings, stack_vars
 from tests.unit.test_topology_and_stacks import load_inventory
 
@@ -36,6 +38,9 @@ CONSUMERS = {
     "iot-cassandra-adapter": ("ADAPTER_GROUP_ID", {o.name: o.default for o in adapter_settings.OPTIONS}["group_id"]),
     "iot-bridge": ("BRIDGE_COMMANDS_GROUP", bridge_settings.BridgeSettings().commands_group),
 }
+# The variable naming each consumer's group.instance.id (static membership).
+INSTANCE_IDS = {"iot-cassandra-adapter": "ADAPTER_GROUP_INSTANCE_ID", "iot-bridge": "BRIDGE_COMMANDS_GROUP_INSTANCE_ID"}
+SLOT = "{{.Task.Slot}}"     # Swarm's template, expanded per task in a service's environment
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +122,24 @@ def test_no_two_tiers_share_a_consumer_group(example):
         for where, name in _groups_of(_stack(example, group)).items():
             assert name not in seen, f"{group} {where} and {seen[name]} share the consumer group {name!r}"
             seen[name] = f"{group} {where}"
+
+
+@pytest.mark.parametrize("group", ["site_a", "site_b", "datacenter"])
+def test_every_kafka_consumer_is_a_static_member_per_task_slot(example, group):
+    """A replica that Swarm restarts rejoins under its slot's id and takes its partitions back at once instead of
+    after session.timeout.ms (docs/operations.md). The id is the group's name plus the slot: unique in the group,
+    across tiers too, and stable across restarts; with a slot number it is a name Kafka and the settings accept."""
+    stack = _stack(example, group)
+    groups = _groups_of(stack)
+    static = {}
+    for name, service in stack["services"].items():
+        program = (service.get("command") or [""])[0]
+        if program in INSTANCE_IDS:
+            instance_id = service["environment"][INSTANCE_IDS[program]]
+            static[name] = instance_id
+            assert instance_id == f"{groups[f'{name}.{CONSUMERS[program][0]}']}-{SLOT}"
+            assert settings.group_instance_id(instance_id.replace(SLOT, "3")) == instance_id.replace(SLOT, "3")
+    assert set(static) == ({"cassandra-adapter"} if group == "datacenter" else {"cassandra-adapter", "bridge"})
 
 
 @pytest.mark.parametrize("group", ["site_a", "datacenter"])

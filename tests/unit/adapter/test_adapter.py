@@ -5,7 +5,7 @@ import datetime as dt
 
 import pytest
 
-from services.adapter.app import main
+from services.adapter.app import consumer_config, main
 from services.adapter.mappings import DEFAULT_MAPPINGS, MappingError, Router, parse_mappings
 from services.adapter.schema import (
     RowError,
@@ -16,7 +16,7 @@ from services.adapter.schema import (
     row_site,
     utc_day,
 )
-from services.adapter.settings import OPTIONS, parse_replication
+from services.adapter.settings import OPTIONS, load, parse_replication, parser
 from services.common import contracts, names
 from services.common.settings import SettingsError
 from tests.unit.adapter.reference import build_row
@@ -203,6 +203,10 @@ def test_unknown_flag_prints_usage_and_exits_2(capsys):
     ({"ADAPTER_CONSISTENCY": "SOME"}, "ADAPTER_CONSISTENCY"),
     ({"ADAPTER_KEYSPACE": "Bad-Name"}, "ADAPTER_KEYSPACE"),
     ({"ADAPTER_MAPPINGS_FILE": "/nonexistent/m.toml"}, "cannot read mappings file"),
+    ({"ADAPTER_GROUP_INSTANCE_ID": "site-a-cassandra-adapter-{{.Task.Slot}}"},
+     "ADAPTER_GROUP_INSTANCE_ID='site-a-cassandra-adapter-{{.Task.Slot}}': an unexpanded Swarm template"),
+    ({"ADAPTER_GROUP_INSTANCE_ID": "adapter 1"}, "ADAPTER_GROUP_INSTANCE_ID='adapter 1'"),
+    ({"ADAPTER_SESSION_TIMEOUT_MS": "1000"}, "ADAPTER_SESSION_TIMEOUT_MS='1000': must be >= 6000"),
     ({"ADAPTER_CASSANDRA_USERNAME": "adapter", "CASSANDRA_PASSWORD_FILE": "/nonexistent"}, "secret cassandra_password"),
 ])
 def test_bad_setting_exits_2_naming_the_variable(monkeypatch, capsys, env, message):
@@ -210,6 +214,25 @@ def test_bad_setting_exits_2_naming_the_variable(monkeypatch, capsys, env, messa
         monkeypatch.setenv(key, value)
     assert main(["--print-schema"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_consumer_is_a_dynamic_member_with_a_45s_session_by_default(monkeypatch):
+    for option in OPTIONS:
+        if option.env and not option.secret:
+            monkeypatch.delenv(option.env, raising=False)
+    config = consumer_config(load(parser().parse_args([])))
+    assert "group.instance.id" not in config and config["session.timeout.ms"] == 45000
+    assert config["group.id"] == names.CONSUMER_GROUPS["adapter"] and config["enable.auto.commit"] is False
+
+
+def test_group_instance_id_and_session_timeout_reach_the_consumer(monkeypatch):
+    monkeypatch.setenv("ADAPTER_GROUP_INSTANCE_ID", "site-a-cassandra-adapter-2")
+    monkeypatch.setenv("ADAPTER_SESSION_TIMEOUT_MS", "30000")
+    config = consumer_config(load(parser().parse_args([])))
+    assert (config["group.instance.id"], config["session.timeout.ms"]) == ("site-a-cassandra-adapter-2", 30000)
+    flags = parser().parse_args(["--group-instance-id", "x-1", "--session-timeout-ms", "60000"])
+    assert consumer_config(load(flags))["group.instance.id"] == "x-1"       # the flag wins
+    assert consumer_config(load(flags))["session.timeout.ms"] == 60000
 
 
 def test_print_schema_shows_keyspace_and_every_default_table(capsys):

@@ -179,6 +179,39 @@ def test_shutdown_drains_in_flight_writes_commits_and_closes(adapter):
     assert adapter.producer is None and producer.produced == []
 
 
+# ------------------------------------------------------------------ consumer errors
+
+class _ErrorMsg(_Msg):
+    def __init__(self, error):
+        super().__init__(None, 0)
+        self._error = error
+
+    def error(self):
+        return self._error
+
+
+def test_a_passing_consumer_error_is_logged_and_skipped(adapter, caplog):
+    from confluent_kafka import KafkaError
+    adapter._accept([_ErrorMsg(KafkaError(KafkaError._TRANSPORT, "broker down")), _Msg(None, 3)])
+    assert "consumer error" in caplog.text
+    assert adapter.tracker.take_commits() == {(TOPIC, 0): 4}       # the tombstone after it was handled
+
+
+def test_a_fatal_consumer_error_stops_the_adapter_with_status_1(adapter, monkeypatch, caplog):
+    # e.g. a static member fenced by another one with its group.instance.id: librdkafka's consumer is dead for
+    # good and says so as a record with code _FATAL (KafkaError.fatal() is false on it).
+    from confluent_kafka import KafkaError
+    fenced = KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other consumer with "
+                                           "same group.instance.id")
+    adapter.settings.group_instance_id, adapter.settings.commit_interval = "site-a-cassandra-adapter-1", 1.0
+    monkeypatch.setattr(adapter, "start", lambda: True)
+    monkeypatch.setattr(adapter, "_tick", lambda: adapter._accept([_Msg(None, 3), _ErrorMsg(fenced)]))
+    assert adapter.run() == 1
+    (record,) = [r for r in caplog.records if "the Kafka consumer failed for good" in r.getMessage()]
+    assert "fenced" in record.kv["error"] and record.kv["instance"] == "site-a-cassandra-adapter-1"
+    assert adapter.consumer.closed and adapter.consumer.commits == [([(TOPIC, 0, 4)], False)]
+
+
 # ------------------------------------------------------------------ Cassandra at a new address (issue 12, lab)
 
 class _Host:

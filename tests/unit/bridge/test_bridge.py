@@ -176,10 +176,12 @@ class _Message:
 class _Consumer:
     """Stands in for confluent_kafka.Consumer: hands out the queued messages, records commits."""
 
-    def __init__(self, _config):
+    def __init__(self, config):
+        self.config = config
         self.queued: list[_Message] = []
         self.commits: list[list[tuple[str, int, int]]] = []
         self.on_revoke = None
+        self.closed = False
 
     def subscribe(self, _topics, on_revoke=None):
         self.on_revoke = on_revoke
@@ -190,6 +192,18 @@ class _Consumer:
 
     def commit(self, offsets, asynchronous):
         self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    def close(self):
+        self.closed = True
+
+
+class _ErrorMessage(_Message):
+    def __init__(self, error):
+        super().__init__(0, b"")
+        self._error = error
+
+    def error(self):
+        return self._error
 
 
 class _Client:
@@ -247,6 +261,31 @@ def test_revoked_command_partition_commits_nothing_more(forwarder):
     assert fwd.consumer.commits == [] and fwd.in_flight == 0
 
 
+def test_command_consumer_is_a_static_member_only_when_given_an_instance_id(monkeypatch):
+    monkeypatch.setattr(commands, "Consumer", _Consumer)
+    dynamic = CommandForwarder("kafka:9092", names.DEVICE_COMMANDS, "g", "bridge-1", "dead-letter", None,
+                               lambda record, done: None).consumer.config
+    assert "group.instance.id" not in dynamic and dynamic["session.timeout.ms"] == 45000
+    static = CommandForwarder("kafka:9092", names.DEVICE_COMMANDS, "g", "bridge-1", "dead-letter", None,
+                              lambda record, done: None, group_instance_id="site-a-bridge-commands-2",
+                              session_timeout_ms=30000).consumer.config
+    assert (static["group.instance.id"], static["session.timeout.ms"]) == ("site-a-bridge-commands-2", 30000)
+
+
+def test_a_fatal_command_consumer_error_is_kept_and_stops_the_pump(forwarder, caplog):
+    from confluent_kafka import KafkaError
+    fwd, _dead = forwarder
+    client = _Client()
+    fwd.consumer.queued = [_ErrorMessage(KafkaError(KafkaError._TRANSPORT, "broker down")),
+                           _Message(1, {"device_id": "d1", "command": "a"})]
+    fwd.pump(client)
+    assert fwd.fatal is None and "command consumer error" in caplog.text and len(client.published) == 1
+    fwd.consumer.queued = [_ErrorMessage(KafkaError(KafkaError._FATAL, "fenced")),
+                           _Message(2, {"device_id": "d1", "command": "b"})]
+    fwd.pump(client)
+    assert "fenced" in fwd.fatal and len(client.published) == 1
+
+
 def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
     secret = tmp_path / "pw"
     secret.write_text("s3cret\n")
@@ -256,13 +295,20 @@ def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("BRIDGE_COMMANDS_TOPIC", "none")
     s = bridge_settings.from_args([])
     assert (s.window, s.client_id, s.mqtt_password, s.commands_topic) == (2000, "bridge-3", "s3cret", None)
+    assert (s.commands_group_instance_id, s.commands_session_timeout_ms) == (None, 45000)
     assert bridge_settings.from_args(["--window", "10"]).window == 10
+    monkeypatch.setenv("BRIDGE_COMMANDS_GROUP_INSTANCE_ID", "site-a-bridge-commands-3")
+    monkeypatch.setenv("BRIDGE_COMMANDS_SESSION_TIMEOUT_MS", "20000")
+    s = bridge_settings.from_args([])
+    assert (s.commands_group_instance_id, s.commands_session_timeout_ms) == ("site-a-bridge-commands-3", 20000)
 
 
 @pytest.mark.parametrize(("env", "match"), [
     ({"BRIDGE_WINDOW": "lots"}, "BRIDGE_WINDOW='lots' is not a valid int"),
     ({"BRIDGE_WINDOW": "70000"}, "out of range"),
     ({"BRIDGE_SHARE_GROUP": "a/b"}, "must not contain"),
+    ({"BRIDGE_COMMANDS_GROUP_INSTANCE_ID": "bridge-commands-{{.Task.Slot}}"}, "unexpanded Swarm template"),
+    ({"BRIDGE_COMMANDS_SESSION_TIMEOUT_MS": "400000"}, "must be <= 300000"),
 ])
 def test_bad_setting_names_the_variable(monkeypatch, env, match):
     for name, value in env.items():
@@ -298,6 +344,9 @@ def test_help_names_the_environment_variable_of_every_option():
     {"timestamp": 5, "temperature": 2.5, "unit": ""},
     {"sensor_id": "8", "timestamp": 5, "temperature": 2.5, "unit": "C"},
     {"timestamp": "5", "temperature": 2.5, "unit": "C"},
+    {"timestamp": 10 ** 30, "temperature": 2.5, "unit": "C"},            # beyond 64 bits
+    {"timestamp": 253_402_300_800_000, "temperature": 2.5, "unit": "C"},  # year 10000
+    {"timestamp": -62_135_596_800_001, "temperature": 2.5, "unit": "C"},  # before year 1
     [1, 2],
     "text",
 ])
@@ -352,6 +401,20 @@ def bridge(monkeypatch):
     b.kafka_ok_at = __import__("time").monotonic()
     b.subscribed_calls = subscribed
     return b
+
+
+def test_a_fatal_command_consumer_error_stops_the_bridge_with_status_1(monkeypatch):
+    from confluent_kafka import KafkaError
+
+    from services.bridge import app
+    from services.common.observability import StopFlag
+    monkeypatch.setattr(commands, "Consumer", _Consumer)
+    s = bridge_settings.BridgeSettings(metrics_port=0, commands_group_instance_id="site-a-bridge-commands-1")
+    b = app.Bridge(s, Mapping.from_dicts(DEFAULT_RULES), StopFlag(), producer=_NoProducer())
+    b.connected, b.reconnect_at = True, float("inf")      # no socket, and no connect attempt
+    b.commands.consumer.queued = [_ErrorMessage(KafkaError(KafkaError._FATAL, "fenced"))]
+    assert b.run() == 1
+    assert "fenced" in b.fatal and b.commands.consumer.closed
 
 
 def test_every_connect_subscribes_again_even_with_a_resumed_session(bridge):

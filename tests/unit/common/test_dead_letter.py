@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 from services.common import names
-from services.common.dead_letter import DLQ_HEADERS, DLQ_VALUE_LIMIT, dead_letter, dead_letter_headers
+from services.common.dead_letter import (
+    DETAIL_LIMIT,
+    DLQ_HEADERS,
+    DLQ_VALUE_LIMIT,
+    bounded_detail,
+    dead_letter,
+    dead_letter_headers,
+)
 
 
 def test_dlq_headers_are_the_four_of_the_contract():
@@ -45,3 +52,17 @@ def test_headers_helper_is_what_the_builder_uses():
     headers = [("a", b"1"), (names.HEADER_DLQ_OFFSET, b"0:0")]
     assert dead_letter_headers("src", "r", "d", 7, headers, 1, 2) == dead_letter("q", "src", b"k", b"v", "r", "d", 7,
                                                                                  headers, 1, 2).headers
+
+
+def test_detail_is_cut_at_the_limit_and_marked():
+    assert bounded_detail("short: fix it") == "short: fix it"
+    assert bounded_detail("x" * DETAIL_LIMIT) == "x" * DETAIL_LIMIT
+    assert bounded_detail("x" * (DETAIL_LIMIT + 1)) == "x" * DETAIL_LIMIT + "..."
+
+
+def test_detail_is_always_encodable_utf8_whatever_the_record_held():
+    # A lone surrogate (bytes decoded with surrogateescape, say) would make the header's .encode() raise.
+    detail = bounded_detail("bad \udcff here, ü stays")
+    assert detail == "bad \\udcff here, ü stays"
+    record = dead_letter("q", "t", b"k", b"v", "r", detail, 1)
+    assert dict(record.headers)[names.HEADER_DLQ_REASON] == "r: bad \\udcff here, ü stays".encode()

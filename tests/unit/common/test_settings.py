@@ -79,6 +79,32 @@ def test_environment_only_resolution_names_a_missing_variable():
         settings.from_env([Option("n", "DEMO_N", 5, "count", settings.integer(1))], {"DEMO_N": "0"})
 
 
+@pytest.mark.parametrize("text", ["site-a-cassandra-adapter-1", "a", "A.b_c-9", "x" * 249, " padded-1 ", ""])
+def test_group_instance_id_takes_kafkas_names_and_empty_for_none(text):
+    assert settings.group_instance_id(text) == text.strip()
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("site-a-cassandra-adapter-{{.Task.Slot}}", "unexpanded Swarm template"),
+    ("a b", "at most 249 of"), ("a/b", "at most 249 of"), ("ü", "at most 249 of"), ("x" * 250, "at most 249 of"),
+    (".", "not '.' or '..'"), ("..", "not '.' or '..'"),
+])
+def test_group_instance_id_refuses_what_kafka_refuses_naming_the_variable(text, why):
+    option = Option("group_instance_id", "DEMO_INSTANCE", "", "id", settings.group_instance_id)
+    with pytest.raises(SettingsError, match=f"DEMO_INSTANCE=.*{why}"):
+        settings.from_env([option], {"DEMO_INSTANCE": text})
+
+
+def test_session_timeout_is_within_the_brokers_minimum_and_librdkafkas_poll_interval():
+    option = Option("session_timeout_ms", "DEMO_SESSION_MS", 45000, "timeout", settings.session_timeout_ms)
+    assert settings.from_env([option], {}) == {"session_timeout_ms": 45000}
+    assert settings.from_env([option], {"DEMO_SESSION_MS": "6000"}) == {"session_timeout_ms": 6000}
+    assert settings.from_env([option], {"DEMO_SESSION_MS": "300000"}) == {"session_timeout_ms": 300000}
+    for bad, why in (("5999", "must be >= 6000"), ("300001", "must be <= 300000"), ("45s", "not a whole number")):
+        with pytest.raises(SettingsError, match=f"DEMO_SESSION_MS='{bad}': {why}"):
+            settings.from_env([option], {"DEMO_SESSION_MS": bad})
+
+
 def test_secret_is_read_from_the_file_named_by_its_file_variable(tmp_path):
     path = tmp_path / "pw"
     path.write_text("s3cret\n")

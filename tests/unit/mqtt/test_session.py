@@ -187,6 +187,8 @@ def test_large_publish_with_multi_byte_length(session):
     (_publish("t", b"x", props=b"\x09\x26\x00\x01k"), "runs past"),
     (b"\x32\x01\x00", "runs past"),
     (b"\x90\x00", "SUBACK shorter"),
+    (b"\xb0\x02\x00\x01", "UNSUBACK shorter"),
+    (b"\x90\x04\x00\x01\x05\x01", "runs past"),         # SUBACK properties longer than the packet
     (b"\x10\x00", "unexpected packet type 1"),
     (b"\xd1\x00", "reserved flags"),
 ])
@@ -245,6 +247,16 @@ def test_unsubscribe_and_its_unsuback(session):
     assert m.encode_unsubscribe(7, ["a"]) == b"\xa2\x06\x00\x07\x00\x00\x01a"
     session.feed(b"\xb0\x05" + struct.pack(">H", mid) + b"\x00\x00\x11", 10)
     assert unsubacks == [(mid, [0x00, 0x11])]
+
+
+@pytest.mark.parametrize("first", [0x90, 0xB0])
+def test_suback_and_unsuback_skip_their_properties_and_report_every_reason_code(session, first):
+    acks = []
+    session.on_suback = lambda mid, codes: acks.append(("SUBACK", mid, codes))
+    session.on_unsuback = lambda mid, codes: acks.append(("UNSUBACK", mid, codes))
+    body = struct.pack(">H", 513) + _props(b"\x1f" + _utf8("why"), b"\x26" + _utf8("k") + _utf8("v")) + b"\x01\x80"
+    session.feed(bytes((first, len(body))) + body, 10)
+    assert acks == [("SUBACK" if first == 0x90 else "UNSUBACK", 513, [0x01, 0x80])] and session.sock is not None
 
 
 def test_refused_connack_reports_and_closes(session):
