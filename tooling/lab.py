@@ -14,16 +14,24 @@ starts simulated devices at every site and prints a status table.
   scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
                                  (scripts/lab runs `python -m tooling.chaos` for it)
   scripts/lab down               remove everything the lab made
+
+Each lab has its own random secrets (Cassandra, MQTT users): `up` creates them
+once in the lab's directory (secrets.json, mode 0600) and every later command,
+the lab tests and the fault suite read them there (secret(name), LAB_SECRETS);
+`down` removes them with the lab.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import secrets
 import shutil
+import string
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +49,11 @@ HOST_RUN_OPTIONS = [
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
 ]
 MQTT_DEVICE_USER = "device"
-LAB_SECRETS = {"cassandra": "lab-cassandra-secret", "cassandra_adapter": "lab-cassandra-adapter-secret",
-               "bridge": "lab-bridge-secret", "device": "lab-device-secret"}
+# The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT users'.
+SECRET_NAMES = ("cassandra", "cassandra_adapter", "bridge", "device")
+SECRETS_FILE = "secrets.json"
+SECRET_LENGTH = 32                  # letters and digits: about 190 bits, and safe in YAML, shells and CQL
+SECRET_ALPHABET = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,84 @@ def lab_dir() -> Path:
     path = artifacts.cache_dir() / "lab"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ---------------------------------------------------------------- secrets
+
+def secrets_path() -> Path:
+    return lab_dir() / SECRETS_FILE
+
+
+def create_secrets() -> dict[str, str]:
+    """The lab's secrets, made by `up` when the lab has none yet: random, kept with mode 0600 in the
+    lab's directory and reused by every later command until `down` removes them."""
+    path = secrets_path()
+    if path.exists():
+        return load_secrets()
+    values = {name: "".join(secrets.choice(SECRET_ALPHABET) for _ in range(SECRET_LENGTH)) for name in SECRET_NAMES}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(values, fh, indent=1)
+        fh.write("\n")
+    log("lab", f"created the lab's random secrets in {path}")
+    return values
+
+
+def load_secrets() -> dict[str, str]:
+    """The running lab's secrets; a clear error (not a traceback) when there is no lab."""
+    path = secrets_path()
+    try:
+        values = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"lab: the lab has no secrets ({path} is missing): `scripts/lab up` creates them with "
+                         "the lab; a lab made before per-lab secrets needs `scripts/lab down` first") from None
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"lab: cannot read the lab's secrets {path} ({err}); `scripts/lab down` and "
+                         "`scripts/lab up` make a new lab") from None
+    missing = [n for n in SECRET_NAMES if not isinstance(values, dict) or not isinstance(values.get(n), str)
+               or not values[n]]
+    if missing:
+        raise SystemExit(f"lab: the lab's secrets {path} lack {', '.join(missing)}; `scripts/lab down` and "
+                         "`scripts/lab up` make a new lab")
+    return values
+
+
+def secret(name: str) -> str:
+    """One secret of the running lab, e.g. secret("device"): the simulated devices' MQTT password."""
+    if name not in SECRET_NAMES:
+        raise KeyError(f"lab: no secret {name!r}; the lab's secrets are {', '.join(SECRET_NAMES)}")
+    return load_secrets()[name]
+
+
+def remove_secrets() -> None:
+    """Part of `down`: the secrets and the devices' copy of theirs go with the lab."""
+    secrets_path().unlink(missing_ok=True)
+    shutil.rmtree(lab_dir() / "device-secrets", ignore_errors=True)
+
+
+class _LabSecrets(Mapping[str, str]):
+    """LAB_SECRETS["device"]: secret(name), read from the lab's directory when asked."""
+
+    def __getitem__(self, name: str) -> str:
+        return secret(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SECRET_NAMES)
+
+    def __len__(self) -> int:
+        return len(SECRET_NAMES)
+
+
+LAB_SECRETS: Mapping[str, str] = _LabSecrets()
+
+
+def secret_group_vars(values: Mapping[str, str]) -> str:
+    """The inventory's group_vars/all/secrets.yml for the lab's secrets."""
+    quoted = {name: json.dumps(values[name]) for name in SECRET_NAMES}
+    return (f"---\n# Written by scripts/lab from {secrets_path()} (random per lab).\n"
+            f"stack_cassandra_password: {quoted['cassandra']}\n"
+            f"stack_cassandra_adapter_password: {quoted['cassandra_adapter']}\n"
+            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n  {MQTT_DEVICE_USER}: {quoted['device']}\n")
 
 
 def ssh_key() -> Path:
@@ -162,7 +251,8 @@ def create_hosts(hosts: list[LabHost]) -> None:
 # ---------------------------------------------------------------- inventory
 
 def write_inventory(hosts: list[LabHost]) -> Path:
-    """The lab's inventory: same shape as inventory.example, lab-sized."""
+    """The lab's inventory: same shape as inventory.example, lab-sized, with the lab's secrets."""
+    values = load_secrets()
     inventory = lab_dir() / "inventory"
     shutil.rmtree(inventory, ignore_errors=True)
     (inventory / "group_vars" / "all").mkdir(parents=True)
@@ -177,6 +267,9 @@ def write_inventory(hosts: list[LabHost]) -> Path:
               "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}", ""]
     (inventory / "hosts.ini").write_text("\n".join(lines))
     (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS)
+    fd = os.open(inventory / "group_vars" / "all" / "secrets.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret_group_vars(values))
     return inventory
 
 
@@ -194,12 +287,8 @@ LAB_JOBS = {
 
 LAB_GROUP_VARS = f"""---
 # Lab sizes: every site on one 2-core machine, so heaps are small, Cassandra
-# skips its multi-node waits and Spark jobs run in local mode.
-stack_cassandra_password: {LAB_SECRETS['cassandra']}
-stack_cassandra_adapter_password: {LAB_SECRETS['cassandra_adapter']}
-stack_mqtt_users:
-  bridge: {LAB_SECRETS['bridge']}
-  {MQTT_DEVICE_USER}: {LAB_SECRETS['device']}
+# skips its multi-node waits and Spark jobs run in local mode. The secrets are in
+# secrets.yml next to this file.
 stack_cassandra_fast_start: true
 stack_heap:
   zookeeper: "-Xms32m -Xmx128m"
@@ -281,7 +370,7 @@ def site_managers(hosts: list[LabHost]) -> dict[str, LabHost]:
 def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[str] | None = None) -> None:
     secret_dir = lab_dir() / "device-secrets"
     secret_dir.mkdir(exist_ok=True)
-    (secret_dir / "mqtt_password").write_text(LAB_SECRETS["device"])
+    (secret_dir / "mqtt_password").write_text(secret("device"))
     os.chmod(secret_dir, 0o755)
     os.chmod(secret_dir / "mqtt_password", 0o644)
     for site, host in site_managers(hosts).items():
@@ -348,6 +437,7 @@ def down() -> None:
         run("docker", "volume", "rm", "-f", volume, check=False)
     run("docker", "network", "rm", NETWORK, check=False)
     shutil.rmtree(lab_dir() / "inventory", ignore_errors=True)
+    remove_secrets()
     log("lab", "lab removed")
 
 
@@ -377,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         if not args.no_build:
             prepare()
-        hosts = existing_hosts() or list(DEFAULT_HOSTS)
+        hosts = existing_hosts()
+        if hosts and not secrets_path().exists():
+            raise SystemExit(f"lab: lab hosts exist but the lab's secrets ({secrets_path()}) do not, so their "
+                             "passwords are unknown; `scripts/lab down` first")
+        hosts = hosts or list(DEFAULT_HOSTS)
+        create_secrets()
         create_hosts(hosts)
         playbook(write_inventory(hosts))
         register_and_start_devices(hosts, args.rate)

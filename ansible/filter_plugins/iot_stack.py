@@ -190,6 +190,104 @@ def mosquitto_passwd(users: dict, site_alias: str, iterations: int = 101) -> str
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- secrets
+
+SECRET_MIN_LENGTH = 16
+# Passwords that ship with software or examples. A value is refused when its letters and
+# digits (lower case) are nothing but these words, or the user name, repeated and mixed,
+# optionally followed by digits: "password", "Cassandra-Secret-2024", "admin_admin_admin1".
+WELL_KNOWN_SECRETS = ("administrator", "cassandra", "changeit", "changeme", "default", "letmein", "mosquitto",
+                      "passw0rd", "password", "qwerty", "secret", "adapter", "bridge", "device", "admin", "guest",
+                      "kafka", "root", "test", "pass", "user", "iot")
+PLACEHOLDER = "change-me"
+# What each refusal suggests to encrypt: a random password, or the webhook's URL.
+RANDOM_SECRET = '"$(openssl rand -base64 24)"'
+WEBHOOK_EXAMPLE = "'https://api.telegram.org/bot<token>/sendMessage'"
+# Spark job environment variables that would put a secret into the stack file in plain text.
+PLAIN_ENV_SECRET_RE = re.compile(r"^(?!.*_FILE$)(WEBHOOK_URL$|(.*_)?(PASSWORD|PASSWD|SECRET|TOKEN)(_|$))")
+
+
+def _letters_digits(value: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", value.lower())
+
+
+def _made_of(plain: str, words: list[str]) -> bool:
+    return bool(re.fullmatch("(?:" + "|".join(map(re.escape, words)) + r")*\d*", plain))
+
+
+def weak_secret(value: object, user: str | None = None) -> str | None:
+    """Why `value` is not fit to deploy as a secret, or None when it is: it must be set, be no
+    placeholder (change-me...), have 16 characters or more, not be the user name, use at least 5
+    different characters and be no well-known default password. The reason never repeats the value."""
+    text = "" if value is None else str(value)
+    plain = _letters_digits(text)
+    if not text.strip():
+        return "must be set"
+    if plain.startswith(_letters_digits(PLACEHOLDER)):
+        return f"is a placeholder (it starts with {PLACEHOLDER})"
+    if len(text) < SECRET_MIN_LENGTH:
+        return f"is shorter than {SECRET_MIN_LENGTH} characters"
+    if user and _letters_digits(user) in plain and _made_of(plain, [_letters_digits(user)]):
+        return "is the user name itself"
+    if len(set(text)) < 5:
+        return "uses fewer than 5 different characters"
+    if _made_of(plain, [*WELL_KNOWN_SECRETS, *([_letters_digits(user)] if user else [])]):
+        return "is a well-known default password"
+    return None
+
+
+def _refusal(label: str, why: str, variable: str, vault: str, example: str = RANDOM_SECRET) -> str:
+    return (f"{label} {why}. Create a vaulted value with `ansible-vault encrypt_string {example} --name {vault}`,"
+            f" add its output to the inventory (e.g. group_vars/all/vault.yml) and set {variable} to {vault}"
+            " (see inventory.example/group_vars/all/secrets.yml).")
+
+
+def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict | None = None,
+                    webhook_url: object = "", spark_jobs: dict | None = None) -> list[str]:
+    """Preflight's check of the secret variables: one message per refused value, none when all are fit.
+
+    passwords    {variable name: value}, e.g. stack_cassandra_password (see weak_secret)
+    users        {variable name: the user name that logs in with it}, for the user-name check
+    mqtt_users   stack_mqtt_users, {MQTT user: password}: each password, named with its user
+    webhook_url  stack_notifier_webhook_url: empty (no webhook) or an http(s) URL, no placeholder
+    spark_jobs   stack_spark.jobs, {tier: [job]}: no job may carry a secret in its plain env
+
+    Each message names the variable (and the MQTT user), says why, and how to create a vaulted
+    value; none repeats a secret."""
+    users = users or {}
+    refusals = []
+    for name, value in (passwords or {}).items():
+        why = weak_secret(value, users.get(name))
+        if why:
+            refusals.append(_refusal(name, why, name, "vault_" + name.removeprefix("stack_")))
+    for user, value in sorted((mqtt_users or {}).items(), key=lambda item: str(item[0])):
+        why = weak_secret(value, str(user))
+        if why:
+            vault = f"vault_mqtt_{re.sub(r'[^A-Za-z0-9_]', '_', str(user))}_password"
+            refusals.append(_refusal(f"stack_mqtt_users: the password of user {user}",
+                                     why.replace("the user name", "its user name"),
+                                     f"stack_mqtt_users.{user}", vault))
+    url = "" if webhook_url is None else str(webhook_url).strip()
+    why = None
+    if _letters_digits(PLACEHOLDER) in _letters_digits(url) or "<" in url or ">" in url:
+        why = "is a placeholder"
+    elif url and not re.match(r"https?://[^/\s]+", url):
+        why = "must be an http:// or https:// URL (or empty: no webhook)"
+    if why:
+        refusals.append(_refusal("stack_notifier_webhook_url", why, "stack_notifier_webhook_url",
+                                 "vault_notifier_webhook_url", WEBHOOK_EXAMPLE))
+    for tier, jobs in sorted((spark_jobs or {}).items()):
+        for job in jobs or []:
+            for key in sorted(job.get("env") or {}):
+                if PLAIN_ENV_SECRET_RE.match(str(key)):
+                    instead = ("set stack_notifier_webhook_url (vaulted) instead, which the notifier gets as the"
+                               " Swarm secret notifier_webhook_url" if key == "WEBHOOK_URL"
+                               else "pass secrets as Swarm secrets")
+                    refusals.append(f"stack_spark.jobs.{tier} ({job.get('name')}): env {key} would put a secret"
+                                    f" into the stack file in plain text; {instead}.")
+    return refusals
+
+
 def stack_files(spec: dict, home: str) -> dict:
     """{configs|secrets: {name: content}} -> {configs|secrets: {name: {path, hash}}} for the stack template."""
     return {kind: {name: {"path": f"{home}/{kind}/{name}",
@@ -232,4 +330,4 @@ class FilterModule:
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
-                "updating": updating, "from_toml": from_toml}
+                "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals}

@@ -107,3 +107,32 @@ def test_adapter_password_is_checked_before_any_host_changes(tmp_path, secrets, 
     assert result.returncode != 0 and "stack_cassandra_adapter_password" in output, output[-3000:]
     assert re.sub(r"\s+", " ", message) in re.sub(r"\s+", " ", output), output[-3000:]
     assert re.findall(r"^PLAY \[(.*)\]", output, re.MULTILINE) == ["Preflight"]
+
+
+EXAMPLE_SECRETS = (REPO / "inventory.example/group_vars/all/secrets.yml").read_text()
+
+
+@pytest.mark.parametrize("secrets, messages", [
+    (EXAMPLE_SECRETS,
+     ["stack_cassandra_password is a placeholder (it starts with change-me).",
+      "stack_cassandra_adapter_password is a placeholder (it starts with change-me).",
+      "stack_mqtt_users: the password of user bridge is a placeholder (it starts with change-me).",
+      "stack_mqtt_users: the password of user device is a placeholder (it starts with change-me).",
+      "ansible-vault encrypt_string", "--name vault_cassandra_password", "--name vault_mqtt_device_password"]),
+    (SECRETS.replace("preflight-test-superuser", "cassandra"),
+     ["stack_cassandra_password is shorter than 16 characters."]),
+    (SECRETS + "stack_notifier_webhook_url: https://api.telegram.org/bot<token>/sendMessage\n",
+     ["stack_notifier_webhook_url is a placeholder.", "--name vault_notifier_webhook_url"]),
+], ids=["example-placeholders", "default-password", "webhook-placeholder"])
+def test_weak_secrets_are_refused_before_any_host_changes(tmp_path, secrets, messages):
+    """Placeholders (inventory.example's as they are), defaults and short secrets end the run in preflight,
+    naming the variable and how to create a vaulted value."""
+    (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(secrets)
+    result = _playbook(tmp_path)
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0
+    for message in messages:
+        assert message in output, f"{message!r} not in:\n{(result.stdout + result.stderr)[-3000:]}"
+    assert re.findall(r"PLAY \[(.*?)\]", output) == ["Preflight"]
