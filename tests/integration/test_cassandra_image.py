@@ -159,13 +159,18 @@ def auth_port(lab, tmp_path_factory) -> int:
         volumes={str(secrets): "/run/secrets:ro"},
         memory="2g",
     )
-    wait_until(
-        "the adapter's role logs in",
-        lambda: _login(port, ADAPTER_ROLE, ADAPTER_PASSWORD) is None,
-        timeout=240,
-        interval=2,
-        on_timeout=lambda: lab.logs(AUTH_NODE),
-    )
+    # The set-up changes the superuser's password before it creates the adapter's role, but a login
+    # right after the change may still meet the old password in the node's credentials cache
+    # (credentials_validity, 2 s), so the fixture waits for both logins (CI once failed all three tests).
+    for what, user, password in (("the adapter's role", ADAPTER_ROLE, ADAPTER_PASSWORD),
+                                 ("the superuser with its new password", "cassandra", SUPERUSER_PASSWORD)):
+        wait_until(
+            f"{what} logs in",
+            lambda user=user, password=password: _login(port, user, password) is None,
+            timeout=240,
+            interval=2,
+            on_timeout=lambda: lab.logs(AUTH_NODE),
+        )
     return port
 
 
