@@ -1,10 +1,20 @@
-"""Start a single-node ZooKeeper + Kafka cluster from the project's kafka image."""
+"""Start a single-node ZooKeeper + Kafka cluster from the project's kafka image.
+
+Plain clusters open EXTERNAL without TLS or logins (KAFKA_EXTERNAL_PLAINTEXT=1: tests on one
+machine only). A secure one is set up as the stacks set up a site: a throw-away CA and a broker
+certificate naming 127.0.0.1 (the host's address of it), EXTERNAL SASL_SSL with SCRAM-SHA-512 and
+the ACL authorizer, and the operator's SCRAM user, a super user."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime as dt
+import ipaddress
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from services.common import kafka_auth
 from tooling.testbed.docker_lab import Lab, free_port, wait_until
 
 
@@ -14,14 +24,59 @@ class KafkaCluster:
     broker: str      # container name of the broker
     internal: str    # bootstrap for containers on the lab network
     external: str    # bootstrap for the host (127.0.0.1:<port>)
+    ca_file: str = ""                                      # secure clusters: the CA the broker's certificate chains to
+    operator: tuple[str, str] = field(default=("", ""))    # secure clusters: the super user's name and password
+
+    def client(self, **config: object) -> dict:
+        """Settings of a host client of EXTERNAL (as the operator on a secure cluster)."""
+        security = kafka_auth.sasl_ssl_config(*self.operator, self.ca_file) if self.ca_file else {}
+        return {"bootstrap.servers": self.external, **config, **security}
 
 
-def start_kafka_cluster(lab: Lab, prefix: str = "") -> KafkaCluster:
-    """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'."""
+def make_pki(directory: Path, broker: str) -> Path:
+    """A CA and the broker's key and certificate (SAN 127.0.0.1 and its container name) in `directory`:
+    ca.crt, and keystore.pem (PKCS#8 key, certificate, CA) as the pki role writes it. Returns the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "iot-stack test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, broker)])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName(broker)]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    ca_pem = ca.public_bytes(pem)
+    (directory / "ca.crt").write_bytes(ca_pem)
+    (directory / "keystore.pem").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + cert.public_bytes(pem) + ca_pem)
+    directory.chmod(0o755)
+    for name in ("ca.crt", "keystore.pem"):
+        (directory / name).chmod(0o644)    # the container's uid 1000 reads them
+    return directory / "ca.crt"
+
+
+def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None) -> KafkaCluster:
+    """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'; with `operator`
+    (user, password) EXTERNAL is secured as at a site and that user is its super user."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
     lab.run("kafka", zk, "zookeeper", memory="512m")
-    lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env={
+    env = {
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
         "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://{broker}:9092,EXTERNAL://127.0.0.1:{port}",
@@ -30,11 +85,21 @@ def start_kafka_cluster(lab: Lab, prefix: str = "") -> KafkaCluster:
         "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-    })
-    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}")
+    }
+    volumes, ca_file = {}, ""
+    if operator:
+        pki = Path(tempfile.mkdtemp(prefix="kafka-pki-"))
+        ca_file = str(make_pki(pki, broker))
+        volumes = {str(pki): "/etc/kafka-pki:ro"}
+        env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem", "KAFKA_OPERATOR_USER": operator[0]}
+        _add_scram_user(lab, zk, *operator)
+    else:
+        env["KAFKA_EXTERNAL_PLAINTEXT"] = "1"
+    lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env=env, volumes=volumes)
+    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""))
 
     def broker_registered() -> bool:
-        metadata = AdminClient({"bootstrap.servers": cluster.external}).list_topics(timeout=5)
+        metadata = AdminClient(cluster.client()).list_topics(timeout=5)
         return len(metadata.brokers) == 1
 
     wait_until(f"kafka broker {broker}", broker_registered, timeout=180,
@@ -42,8 +107,19 @@ def start_kafka_cluster(lab: Lab, prefix: str = "") -> KafkaCluster:
     return cluster
 
 
+def _add_scram_user(lab: Lab, zk: str, user: str, password: str) -> None:
+    """The operator's SCRAM credential, written into ZooKeeper before the broker starts (the stacks
+    use iot-kafka-access over INTERNAL instead; a test's password may sit on a command line)."""
+    def added() -> bool:
+        result = lab.exec(zk, "kafka-configs", "--zookeeper", "localhost:2181", "--alter", "--add-config",
+                          f"SCRAM-SHA-512=[password={password}]", "--entity-type", "users", "--entity-name", user)
+        return result.returncode == 0
+
+    wait_until(f"SCRAM user {user} in {zk}", added, timeout=120, interval=2, on_timeout=lambda: lab.logs(zk))
+
+
 def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3, config: dict | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": cluster.external})
+    admin = AdminClient(cluster.client())
     futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {})
                                    for n in names])
     for future in futures.values():
