@@ -215,6 +215,11 @@ def stored(host: lab.LabHost, tier: str, table: str, sensor: str, days: set[str]
     return found
 
 
+def _client(bootstrap: str, **config: object) -> dict:
+    """Settings of a client of a site's EXTERNAL listener: SASL_SSL as the operator (tooling.lab)."""
+    return lab.kafka_client(bootstrap, **config)
+
+
 def _read_since(bootstrap: str, topic: str, since_ms: int, want: Callable[[Message], bool] = lambda _m: True,
                 *, to_end: bool = False, quiet_s: float = math.inf, limit_s: float = math.inf,
                 committed: bool = True, group: str = "chaos", batch: int = 500) -> Iterator[Message]:
@@ -223,8 +228,7 @@ def _read_since(bootstrap: str, topic: str, since_ms: int, want: Callable[[Messa
     Reads until every partition's end as it was when reading began (to_end), until no wanted
     record came for quiet_s, or for limit_s at most, whichever comes first."""
     from confluent_kafka import Consumer, TopicPartition
-    config = {"bootstrap.servers": bootstrap, "group.id": f"{group}-{uuid.uuid4().hex[:8]}",
-              "enable.auto.commit": False}
+    config = _client(bootstrap, **{"group.id": f"{group}-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     if committed:
         config["isolation.level"] = "read_committed"
     consumer = Consumer(config)
@@ -342,7 +346,7 @@ def write_rollups(bootstrap: str, sensor: str, rate: float, seconds: float) -> t
         else:
             failed += 1
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer(_client(bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
     minute = int(time.time() // 60 * 60_000)
     began, started, step, n = time.time(), time.monotonic(), 1.0 / rate, 0
     while time.monotonic() - started < seconds:
@@ -463,7 +467,7 @@ class Lab:
                   names.SENSOR_REGISTRATION, names.SENSOR_TYPE_REGISTRATION, names.DEVICE_COMMANDS]
         bad = [b'{"timestamp": 1e999, "temperature": 20, "unit": "C", "sensor_id": "p"}',
                b"[" * 100000, b"\xff\xfe not json", b'{"timestamp": 99999999999999999999999, "temperature": 1}']
-        producer = Producer({"bootstrap.servers": self.bootstrap(SITE)})
+        producer = Producer(_client(self.bootstrap(SITE)))
         for topic in topics:
             for value in bad:
                 producer.produce(topic, value, key=b"poison")

@@ -49,8 +49,10 @@ HOST_RUN_OPTIONS = [
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
 ]
 MQTT_DEVICE_USER = "device"
-# The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT users'.
-SECRET_NAMES = ("cassandra", "cassandra_adapter", "bridge", "device")
+KAFKA_OPERATOR_USER = "operator"    # stack_kafka_operator_user's default
+# The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT users', the
+# Kafka operator's and relay's.
+SECRET_NAMES = ("cassandra", "cassandra_adapter", "bridge", "device", "kafka_operator", "kafka_relay")
 SECRETS_FILE = "secrets.json"
 SECRET_LENGTH = 32                  # letters and digits: about 190 bits, and safe in YAML, shells and CQL
 SECRET_ALPHABET = string.ascii_letters + string.digits
@@ -117,14 +119,20 @@ def create_secrets() -> dict[str, str]:
     """The lab's secrets, made by `up` when the lab has none yet: random, kept with mode 0600 in the
     lab's directory and reused by every later command until `down` removes them."""
     path = secrets_path()
-    if path.exists():
-        return load_secrets()
-    values = {name: "".join(secrets.choice(SECRET_ALPHABET) for _ in range(SECRET_LENGTH)) for name in SECRET_NAMES}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    values = json.loads(path.read_text()) if path.exists() else {}
+    missing = [name for name in SECRET_NAMES if not values.get(name)]
+    if not missing:
+        return values
+    # A lab made by an older version lacks the newer secrets: add them, keep the others.
+    values.update({name: "".join(secrets.choice(SECRET_ALPHABET) for _ in range(SECRET_LENGTH)) for name in missing})
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(values, fh, indent=1)
         fh.write("\n")
-    log("lab", f"created the lab's random secrets in {path}")
+    tmp.replace(path)
+    log("lab", f"created the lab's random secrets ({', '.join(missing)}) in {path}")
     return values
 
 
@@ -158,6 +166,8 @@ def remove_secrets() -> None:
     """Part of `down`: the secrets and the devices' copy of theirs go with the lab."""
     secrets_path().unlink(missing_ok=True)
     shutil.rmtree(lab_dir() / "device-secrets", ignore_errors=True)
+    shutil.rmtree(lab_dir() / "operator-secrets", ignore_errors=True)
+    shutil.rmtree(pki_dir(), ignore_errors=True)
 
 
 class _LabSecrets(Mapping[str, str]):
@@ -177,12 +187,29 @@ LAB_SECRETS: Mapping[str, str] = _LabSecrets()
 
 
 def secret_group_vars(values: Mapping[str, str]) -> str:
-    """The inventory's group_vars/all/secrets.yml for the lab's secrets."""
+    """The inventory's group_vars/all/secrets.yml for the lab's secrets (and where its CA lives)."""
     quoted = {name: json.dumps(values[name]) for name in SECRET_NAMES}
     return (f"---\n# Written by scripts/lab from {secrets_path()} (random per lab).\n"
             f"stack_cassandra_password: {quoted['cassandra']}\n"
             f"stack_cassandra_adapter_password: {quoted['cassandra_adapter']}\n"
-            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n  {MQTT_DEVICE_USER}: {quoted['device']}\n")
+            f"stack_kafka_operator_password: {quoted['kafka_operator']}\n"
+            f"stack_kafka_relay_password: {quoted['kafka_relay']}\n"
+            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n  {MQTT_DEVICE_USER}: {quoted['device']}\n"
+            f"# The lab's CA outlives the inventory, which every run writes anew; `down` removes it.\n"
+            f"iot_pki_dir: {json.dumps(str(pki_dir()))}\n")
+
+
+def pki_dir() -> Path:
+    """The lab's CA and brokers' certificates (the pki role makes them on the first run)."""
+    return lab_dir() / "pki"
+
+
+def kafka_client(bootstrap: str, **config: object) -> dict:
+    """confluent-kafka settings for a site's EXTERNAL listener as the operator's principal (SASL_SSL,
+    the lab's CA), as an operator's tool on the factory network reaches it."""
+    from services.common import kafka_auth
+    return {"bootstrap.servers": bootstrap, **config,
+            **kafka_auth.sasl_ssl_config(KAFKA_OPERATOR_USER, secret("kafka_operator"), str(pki_dir() / "ca.crt"))}
 
 
 def ssh_key() -> Path:
@@ -373,13 +400,22 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
     (secret_dir / "mqtt_password").write_text(secret("device"))
     os.chmod(secret_dir, 0o755)
     os.chmod(secret_dir / "mqtt_password", 0o644)
+    # The registrar reaches a site's EXTERNAL listener as the operator, with the lab's CA.
+    kafka_dir = lab_dir() / "operator-secrets"
+    kafka_dir.mkdir(exist_ok=True)
+    (kafka_dir / "kafka_password").write_text(secret("kafka_operator"))
+    shutil.copyfile(pki_dir() / "ca.crt", kafka_dir / "kafka_ca.pem")
+    os.chmod(kafka_dir, 0o755)
+    for name in ("kafka_password", "kafka_ca.pem"):
+        os.chmod(kafka_dir / name, 0o644)  # the container's uid 1000 reads them
     for site, host in site_managers(hosts).items():
         if site == "datacenter" or (sites and site not in sites):
             continue
         address = host_ip(host)
         log("lab", f"registering the fleet of {site}")
-        services_run("iot-registrar", "--bootstrap-servers", f"{address}:9094", "fleet", "--site", site,
-                     "--devices", "3", "--sensors-per-device", "2")
+        services_run("iot-registrar", "--bootstrap-servers", f"{address}:9094", "--kafka-user", KAFKA_OPERATOR_USER,
+                     "fleet", "--site", site, "--devices", "3", "--sensors-per-device", "2",
+                     volumes={str(kafka_dir): "/run/secrets:ro"})
         name = f"iot-lab-devices-{site}"
         run("docker", "rm", "-f", name, check=False)
         log("lab", f"starting simulated devices for {site} at {rate:g} readings/s")
@@ -400,8 +436,8 @@ def cql(host: LabHost, site: str, query: str) -> str:
 def status(hosts: list[LabHost]) -> list[dict]:
     from tooling import lab_status  # needs confluent-kafka; only imported when asked for
     managers = site_managers(hosts)
-    bootstraps = {site: f"{host_ip(host)}:9094" for site, host in managers.items()}
-    return lab_status.table(bootstraps, lambda site, query: cql(managers[site], site, query))
+    clients = {site: kafka_client(f"{host_ip(host)}:9094") for site, host in managers.items()}
+    return lab_status.table(clients, lambda site, query: cql(managers[site], site, query))
 
 
 def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:

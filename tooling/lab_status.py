@@ -2,7 +2,8 @@
 
 Read-only: offsets come from each site's Kafka through its external listener,
 row counts from cqlsh inside each site's Cassandra container. This module knows
-no lab hosts: tooling.lab passes the bootstrap addresses and a `cql(site, query)`
+no lab hosts: tooling.lab passes each site's client settings (bootstrap, SASL_SSL
+as the operator) and a `cql(site, query)`
 that runs cqlsh where the site's Cassandra is (so the import runs lab -> lab_status only).
 """
 from __future__ import annotations
@@ -19,10 +20,12 @@ KEYSPACE = "iot"
 
 # (site, CQL statement) -> cqlsh output, run inside the site's Cassandra (tooling.lab.cql).
 Cql = Callable[[str, str], str]
+# confluent-kafka settings of one site's EXTERNAL listener (tooling.lab.kafka_client).
+Client = dict
 
 
-def _consumer(bootstrap: str, group: str = "iot-lab-status") -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+def _consumer(client: Client, group: str = "iot-lab-status") -> Consumer:
+    return Consumer({**client, "group.id": group, "enable.auto.commit": False,
                      "socket.timeout.ms": 5000})
 
 
@@ -33,16 +36,16 @@ def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
     return [TopicPartition(topic, p) for p in metadata.partitions]
 
 
-def end_offsets(bootstrap: str, topic: str) -> int:
-    consumer = _consumer(bootstrap)
+def end_offsets(client: Client, topic: str) -> int:
+    consumer = _consumer(client)
     try:
         return sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in _partitions(consumer, topic))
     finally:
         consumer.close()
 
 
-def group_lag(bootstrap: str, topic: str, group: str) -> int:
-    consumer = _consumer(bootstrap, group)
+def group_lag(client: Client, topic: str, group: str) -> int:
+    consumer = _consumer(client, group)
     try:
         partitions = _partitions(consumer, topic)
         committed = consumer.committed(partitions, timeout=10)
@@ -61,19 +64,19 @@ def cassandra_rows(cql: Cql, site: str, table: str) -> str:
     return match.group(1) if match else "n/a"
 
 
-def table(bootstraps: dict[str, str], cql: Cql, sample_s: float = 5.0) -> list[dict]:
-    """One row per edge site (and one for the datacenter); `bootstraps`: site alias -> Kafka bootstrap."""
-    first = {site: _safe(end_offsets, b, names.TEMPERATURE_DATA) for site, b in bootstraps.items()
+def table(clients: dict[str, Client], cql: Cql, sample_s: float = 5.0) -> list[dict]:
+    """One row per edge site (and one for the datacenter); `clients`: site alias -> Kafka client settings."""
+    first = {site: _safe(end_offsets, c, names.TEMPERATURE_DATA) for site, c in clients.items()
              if site != "datacenter"}
     time.sleep(sample_s)
     rows = []
-    datacenter = bootstraps.get("datacenter")
-    for site, bootstrap in sorted(bootstraps.items()):
+    datacenter = clients.get("datacenter")
+    for site, client in sorted(clients.items()):
         if site == "datacenter":
             continue
-        now = _safe(end_offsets, bootstrap, names.TEMPERATURE_DATA)
+        now = _safe(end_offsets, client, names.TEMPERATURE_DATA)
         rate = (now - first[site]) / sample_s if isinstance(now, int) and isinstance(first[site], int) else "n/a"
-        events_site = _safe(end_offsets, bootstrap, names.THRESHOLD_EVENTS)
+        events_site = _safe(end_offsets, client, names.THRESHOLD_EVENTS)
         # The datacenter's relay (MirrorMaker 2) prefixes each mirrored topic with the source site's alias.
         events_dc = _safe(end_offsets, datacenter, f"{site}.{names.THRESHOLD_EVENTS}") if datacenter else "n/a"
         relay_lag = (events_site - events_dc) if isinstance(events_site, int) and isinstance(events_dc, int) \
@@ -83,7 +86,7 @@ def table(bootstraps: dict[str, str], cql: Cql, sample_s: float = 5.0) -> list[d
             "readings/s": f"{rate:.0f}" if isinstance(rate, float) else rate,
             "readings in kafka": now,
             # Each site's adapter runs in its own group, "<site>-cassandra-adapter" (services/common/names.py).
-            "adapter lag": _safe(group_lag, bootstrap, names.TEMPERATURE_DATA,
+            "adapter lag": _safe(group_lag, client, names.TEMPERATURE_DATA,
                                  f"{site}-{names.CONSUMER_GROUPS['adapter']}"),
             "events": events_site,
             "relay lag": relay_lag,

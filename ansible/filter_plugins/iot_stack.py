@@ -190,6 +190,31 @@ def mosquitto_passwd(users: dict, site_alias: str, iterations: int = 101) -> str
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- kafka access
+
+def scram_jaas_config(user: str, password: str) -> str:
+    """sasl.jaas.config of a Java client (MirrorMaker) logging in with SCRAM, as the value of a
+    .properties line: the JAAS parser reads quoted values with backslash escapes, and
+    java.util.Properties unescapes backslashes once more before it."""
+    def quoted(value: object) -> str:
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    jaas = (f"org.apache.kafka.common.security.scram.ScramLoginModule required username={quoted(user)} "
+            f"password={quoted(password)};")
+    return jaas.replace("\\", "\\\\")
+
+
+def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
+    """The relay principal's ACLs on an edge site (iot-kafka-access --acls): MirrorMaker may list,
+    read and copy the configuration of the relayed topics, and read the committed offsets of the
+    groups it checkpoints; nothing else, so it can neither write nor see another topic."""
+    principal = f"User:{user}"
+    acls = [{"principal": principal, "resource": "topic", "name": topic, "pattern": "literal", "operation": op}
+            for topic in topics for op in ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")]
+    acls += [{"principal": principal, "resource": "group", "name": group, "pattern": "literal",
+              "operation": "DESCRIBE"} for group in groups]
+    return acls
+
+
 # ---------------------------------------------------------------- secrets
 
 SECRET_MIN_LENGTH = 16
@@ -198,7 +223,7 @@ SECRET_MIN_LENGTH = 16
 # optionally followed by digits: "password", "Cassandra-Secret-2024", "admin_admin_admin1".
 WELL_KNOWN_SECRETS = ("administrator", "cassandra", "changeit", "changeme", "default", "letmein", "mosquitto",
                       "passw0rd", "password", "qwerty", "secret", "adapter", "bridge", "device", "admin", "guest",
-                      "kafka", "root", "test", "pass", "user", "iot")
+                      "kafka", "root", "test", "pass", "user", "iot", "operator", "relay")
 PLACEHOLDER = "change-me"
 # What each refusal suggests to encrypt: a random password, or the webhook's URL.
 RANDOM_SECRET = '"$(openssl rand -base64 24)"'
@@ -330,4 +355,5 @@ class FilterModule:
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
-                "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals}
+                "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
+                "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls}

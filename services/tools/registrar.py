@@ -10,7 +10,8 @@ Keys are the ids, so the compacted topics keep the latest registration of each.
 
 Examples:
   iot-registrar --bootstrap-servers kafka-1:9092 file registry.toml
-  iot-registrar --bootstrap-servers 127.0.0.1:9094 fleet --site site-a --devices 5 --sensors-per-device 2
+  iot-registrar --bootstrap-servers 10.20.0.11:9094 --kafka-user operator fleet --site site-a --devices 5
+  (a site's EXTERNAL listener: SASL_SSL, with /run/secrets/kafka_password and kafka_ca.pem mounted)
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from services.common import contracts, names, settings
+from services.common import contracts, kafka_auth, names, settings
 from services.tools import fleet
 
 # File section -> (topic, contract)
@@ -105,8 +106,10 @@ def _dangling_references(records: dict[str, list[dict]], path: Path) -> list[str
     return errors
 
 
-def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.0) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.0,
+            security: dict | None = None) -> int:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         **(security or {})})
     failures: list[str] = []
     count = 0
     for topic, items in records.items():
@@ -127,6 +130,13 @@ def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.
 OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("bootstrap_servers", "REGISTRAR_BOOTSTRAP_SERVERS", None,
                     "Kafka bootstrap servers, e.g. kafka-1:9092", required=True),
+    # A site's EXTERNAL listener (host port 9094) takes SCRAM logins over TLS only; its password is
+    # the secret kafka_password (KAFKA_PASSWORD_FILE or /run/secrets/kafka_password).
+    settings.Option("kafka_user", "REGISTRAR_KAFKA_USER", "",
+                    "SCRAM user for a site's EXTERNAL listener (SASL_SSL); empty: plaintext "
+                    "(INTERNAL, on the overlay)"),
+    settings.Option("kafka_ca_file", "REGISTRAR_KAFKA_CA_FILE", "/run/secrets/kafka_ca.pem",
+                    "CA certificate (PEM) that signed the brokers' certificates, with --kafka-user"),
 )
 FLEET_OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("site", "REGISTRAR_SITE", None, "site alias, as given to iot-simulator --site", required=True),
@@ -173,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                 for record in items:
                     print(topic, json.dumps(record))
             return 0
-        count = produce(args.bootstrap_servers, records)
-    except (RegistryError, ValueError) as err:
+        security = None
+        if args.kafka_user:
+            password = settings.secret("kafka_password", required=True)
+            security = kafka_auth.sasl_ssl_config(args.kafka_user, password, args.kafka_ca_file)
+        count = produce(args.bootstrap_servers, records, security=security)
+    except (RegistryError, ValueError) as err:  # SettingsError is a ValueError
         print(f"iot-registrar: {err}", file=sys.stderr)
         return 1
     summary = ", ".join(f"{len(v)} {k}" for k, v in records.items())

@@ -108,8 +108,8 @@ def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_h
         print(f"\nhot reading -> threshold event in the datacenter's Cassandra (through Spark and MirrorMaker): "
               f"{percentiles([float(e[3]) for e in events if re.match(r'^-?[0-9.]+$', e[3])])}")
 
-    consumer = Consumer({"bootstrap.servers": f"{lab.host_ip(dc)}:9094", "group.id": f"e2e-{RUN}",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(lab.kafka_client(f"{lab.host_ip(dc)}:9094", **{"group.id": f"e2e-{RUN}",
+                                                                        "auto.offset.reset": "earliest"}))
     consumer.subscribe([names.NOTIFICATIONS])
     try:
         def notification():

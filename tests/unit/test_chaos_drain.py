@@ -188,6 +188,8 @@ TIMES: dict[int, list[int]] = {}
 @pytest.fixture
 def kafka(monkeypatch):
     monkeypatch.setattr(confluent_kafka, "Consumer", FakeConsumer)
+    # No lab here: plain settings instead of the operator's SASL_SSL login.
+    monkeypatch.setattr(chaos, "_client", lambda bootstrap, **config: {"bootstrap.servers": bootstrap, **config})
     FakeConsumer.made.clear()
     LOGS.clear()
     TIMES.clear()

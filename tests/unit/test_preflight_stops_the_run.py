@@ -42,6 +42,8 @@ site_b
 SECRETS = """---
 stack_cassandra_password: preflight-test-superuser
 stack_cassandra_adapter_password: preflight-test-adapter
+stack_kafka_operator_password: preflight-test-operator
+stack_kafka_relay_password: preflight-test-relay-7
 stack_mqtt_users: {bridge: preflight-test-bridge}
 """
 
