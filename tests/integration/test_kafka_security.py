@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth
 from tooling.testbed.docker_lab import image
-from tooling.testbed.kafka_cluster import create_topics, make_pki, start_kafka_cluster
+from tooling.testbed.kafka_cluster import create_topics, ensure_access, make_pki, start_kafka_cluster
 
 OPERATOR = ("operator", "operator-password-8f2c1d")
 RELAY, RELAY_PASSWORD = "relay", "relay-password-4b7e9a"
@@ -27,13 +27,7 @@ RECORDS = 25
 
 
 def access(lab, cluster, users: dict, acls: list, *extra: str) -> dict:
-    """`iot-kafka-access ensure` in a throwaway container on the broker's network, passwords on stdin."""
-    cmd = ["docker", "run", "-i", "--rm", "--network", lab.network, image("services"), "iot-kafka-access", "ensure",
-           "--bootstrap", cluster.internal, "--acls", json.dumps(acls), "--wait-seconds", "120", *extra]
-    result = subprocess.run(cmd, input=json.dumps(users), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert len(result.stdout.splitlines()) == 1, result.stdout
-    return json.loads(result.stdout)
+    return ensure_access(lab, cluster, users, acls, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -1,28 +1,45 @@
-"""MirrorMaker 2 from the kafka image copies a site's topic to the datacenter under the site prefix."""
+"""MirrorMaker 2 from the kafka image copies a site's topic to the datacenter under the site prefix, reading
+the site as the stacks do: over its EXTERNAL listener (SASL_SSL, SCRAM) as the relay principal, which has
+only the ACLs the relay_acls filter renders from the inventory."""
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tooling.testbed.docker_lab import wait_until
-from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
+from tests.unit.stack_render import filters
+from tooling.testbed.docker_lab import docker, free_port, image, wait_until
+from tooling.testbed.kafka_cluster import create_topics, ensure_access, start_kafka_cluster
 
 TOPIC = "temperature-threshold-events"
 RECORDS = 200
+OPERATOR = ("operator", "operator-password-3c9e51")
+RELAY = ("relay", 'relay-"password"-\\-5d2a')   # a quote and a backslash: the JAAS line's escaping counts
 
 
 @pytest.fixture(scope="module")
 def clusters(lab, tmp_path_factory):
-    site = start_kafka_cluster(lab, prefix="site-a-")
+    site = start_kafka_cluster(lab, prefix="site-a-", operator=OPERATOR)
     datacenter = start_kafka_cluster(lab, prefix="dc-")
     create_topics(site, TOPIC, "not-selected")
+    ensure_access(lab, site, dict([OPERATOR, RELAY]),
+                  filters.relay_acls(RELAY[0], [TOPIC], ["site-a-cassandra-adapter"]))
     config_dir = tmp_path_factory.mktemp("mm2")
     config_dir.chmod(0o755)
+    (config_dir / "ca.pem").write_bytes(open(site.ca_file, "rb").read())
+    # The site's EXTERNAL listener, as mm2.properties.j2 renders it. Its broker advertises the host's
+    # 127.0.0.1:<port> (the name its certificate carries), so MirrorMaker runs in the host's network
+    # and reaches the datacenter's broker on its host port too.
     (config_dir / "mm2.properties").write_text(f"""
 clusters = site-a, datacenter
-site-a.bootstrap.servers = {site.internal}
-datacenter.bootstrap.servers = {datacenter.internal}
+listeners = http://127.0.0.1:{free_port()}
+site-a.bootstrap.servers = {site.external}
+site-a.security.protocol = SASL_SSL
+site-a.sasl.mechanism = SCRAM-SHA-512
+site-a.sasl.jaas.config = {filters.scram_jaas_config(*RELAY)}
+site-a.ssl.truststore.type = PEM
+site-a.ssl.truststore.location = /etc/mirrormaker/ca.pem
+datacenter.bootstrap.servers = {datacenter.external}
 site-a->datacenter.enabled = true
 site-a->datacenter.topics = {TOPIC}
 datacenter->site-a.enabled = false
@@ -41,15 +58,18 @@ offset-syncs.topic.location = target
 datacenter.exactly.once.source.support = enabled
 dedicated.mode.enable.internal.rest = true
 """)
-    (config_dir / "mm2.properties").chmod(0o644)
-    lab.run("kafka", "mirrormaker", "mirrormaker", memory="1g", env={"MM2_CLUSTERS": "datacenter"},
-            volumes={str(config_dir): "/etc/mirrormaker:ro"})
+    for name in ("mm2.properties", "ca.pem"):
+        (config_dir / name).chmod(0o644)
+    name = f"{lab.network}-mirrormaker"
+    docker("run", "-d", "--name", name, "--network", "host", "--memory", "1g", "-e", "MM2_CLUSTERS=datacenter",
+           "-v", f"{config_dir}:/etc/mirrormaker:ro", image("kafka"), "mirrormaker")
+    lab.containers.append(name)     # removed with the lab
     return site, datacenter
 
 
 def test_records_on_site_topic_appear_prefixed_at_datacenter(lab, clusters):
     site, datacenter = clusters
-    producer = Producer({"bootstrap.servers": site.external, "acks": "all"})
+    producer = Producer(site.client(acks="all"))
     for i in range(RECORDS):
         producer.produce(TOPIC, key=f"sensor-{i % 5}", value=f"event-{i}")
         producer.produce("not-selected", key="x", value=f"private-{i}")
@@ -75,6 +95,6 @@ def test_records_on_site_topic_appear_prefixed_at_datacenter(lab, clusters):
     topics = AdminClient({"bootstrap.servers": datacenter.external}).list_topics(timeout=10).topics
     assert "site-a.not-selected" not in topics, "a topic outside the selection was mirrored"
     assert TOPIC not in topics, "the mirrored topic must arrive prefixed, never under its own name"
-    site_topics = AdminClient({"bootstrap.servers": site.external}).list_topics(timeout=10).topics
+    site_topics = AdminClient(site.client()).list_topics(timeout=10).topics
     assert not [t for t in site_topics if "mm2" in t or "heartbeats" in t or t.startswith("datacenter.")], \
         f"MirrorMaker wrote into the site: {sorted(site_topics)}"

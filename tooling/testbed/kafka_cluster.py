@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.common import kafka_auth
-from tooling.testbed.docker_lab import Lab, free_port, wait_until
+from tooling.testbed.docker_lab import Lab, free_port, image, wait_until
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,14 @@ def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3, confi
                                    for n in names])
     for future in futures.values():
         future.result(timeout=60)
+
+
+def ensure_access(lab: Lab, cluster: KafkaCluster, users: dict[str, str], acls: list[dict], *extra: str) -> dict:
+    """`iot-kafka-access ensure` as the stack role runs it: a throwaway services container on the
+    brokers' network (INTERNAL), passwords on stdin. Returns its JSON line."""
+    cmd = ["docker", "run", "-i", "--rm", "--network", lab.network, image("services"), "iot-kafka-access", "ensure",
+           "--bootstrap", cluster.internal, "--acls", json.dumps(acls), "--wait-seconds", "120", *extra]
+    result = subprocess.run(cmd, input=json.dumps(users), capture_output=True, text=True, timeout=300)
+    if result.returncode != 0 or len(result.stdout.splitlines()) != 1:
+        raise RuntimeError(f"iot-kafka-access failed ({result.returncode}): {result.stdout}{result.stderr}")
+    return json.loads(result.stdout)

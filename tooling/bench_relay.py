@@ -1,0 +1,161 @@
+"""Benchmark: the relay (MirrorMaker 2, as the datacenter runs it) reading a site over SASL_SSL as the relay
+principal versus over plaintext, side by side in one run.
+
+    python -m tooling.bench_relay [--records 200000] [--value-bytes 150]
+
+Two single-broker "sites" (one secured as the stacks secure a site: SCRAM-SHA-512 over TLS, the ACL
+authorizer, the relay's rendered ACLs; one plaintext) and one "datacenter" start from the project's
+kafka image. Each site gets the same backlog of --records records on one 3-partition topic before its
+MirrorMaker starts (exactly-once into the datacenter, as in mm2.properties.j2). The drain is timed from
+the first mirrored record's arrival to the last (MirrorMaker's start-up is not counted), and the
+records are counted at the datacenter (total and distinct), so nothing lost is checked, not assumed.
+The variants run one after the other on the same brokers and machine: a 2-core machine shared with
+whatever else runs, so figures are indicative and the ratio is what to compare.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+
+from tooling import pins
+from tooling.progress import log
+from tooling.testbed.docker_lab import Lab, docker, free_port, image
+from tooling.testbed.kafka_cluster import KafkaCluster, create_topics, ensure_access, start_kafka_cluster
+
+
+def _filters():
+    """The Ansible filter plugin that renders the relay's ACLs and MirrorMaker's login line."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("iot_stack_filters",
+                                                  pins.REPO_ROOT / "ansible/filter_plugins/iot_stack.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+filters = _filters()
+TOPIC = "temperature-rollups-1m"
+PARTITIONS = 3
+OPERATOR = ("operator", "bench-operator-password-1")
+RELAY = ("relay", "bench-relay-password-2")
+
+
+def _fill(site: KafkaCluster, records: int, value_bytes: int) -> None:
+    producer = Producer(site.client(**{"linger.ms": 20, "batch.num.messages": 10000, "acks": "all",
+                                       "queue.buffering.max.messages": 1000000}))
+    pad = "x" * max(0, value_bytes - 40)
+    for i in range(records):
+        producer.produce(TOPIC, key=f"sensor-{i % 50}".encode(), value=f'{{"n": {i}, "pad": "{pad}"}}'.encode())
+        if i % 10000 == 0:
+            producer.poll(0)
+    left = producer.flush(120)
+    if left:
+        raise SystemExit(f"bench relay: {left} records not written to the site")
+
+
+def _mm2_properties(site: KafkaCluster, datacenter: KafkaCluster, alias: str, secure: bool) -> str:
+    lines = [f"clusters = {alias}, datacenter", f"listeners = http://127.0.0.1:{free_port()}",
+             f"{alias}.bootstrap.servers = {site.external}", f"datacenter.bootstrap.servers = {datacenter.external}",
+             f"{alias}->datacenter.enabled = true", f"{alias}->datacenter.topics = {TOPIC}",
+             f"datacenter->{alias}.enabled = false", "offset-syncs.topic.location = target",
+             "datacenter.exactly.once.source.support = enabled", "dedicated.mode.enable.internal.rest = true",
+             "sync.topic.acls.enabled = false", "refresh.topics.interval.seconds = 5", "tasks.max = 2"]
+    lines += [f"{k} = 1" for k in ("replication.factor", "checkpoints.topic.replication.factor",
+                                   "heartbeats.topic.replication.factor", "offset-syncs.topic.replication.factor",
+                                   "offset.storage.replication.factor", "status.storage.replication.factor",
+                                   "config.storage.replication.factor")]
+    if secure:
+        lines += [f"{alias}.security.protocol = SASL_SSL", f"{alias}.sasl.mechanism = SCRAM-SHA-512",
+                  f"{alias}.sasl.jaas.config = {filters.scram_jaas_config(*RELAY)}",
+                  f"{alias}.ssl.truststore.type = PEM", f"{alias}.ssl.truststore.location = /etc/mirrormaker/ca.pem"]
+    return "\n".join(lines) + "\n"
+
+
+def _drain(lab: Lab, site: KafkaCluster, datacenter: KafkaCluster, alias: str, secure: bool,
+           records: int, timeout_s: float) -> dict:
+    config_dir = Path(tempfile.mkdtemp(prefix=f"bench-relay-{alias}-"))
+    config_dir.chmod(0o755)
+    (config_dir / "mm2.properties").write_text(_mm2_properties(site, datacenter, alias, secure))
+    if secure:
+        (config_dir / "ca.pem").write_bytes(Path(site.ca_file).read_bytes())
+    for path in config_dir.iterdir():
+        path.chmod(0o644)
+    topic = f"{alias}.{TOPIC}"
+    consumer = Consumer(datacenter.client(**{"group.id": f"bench-{alias}", "enable.auto.commit": False,
+                                             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                                             "topic.metadata.refresh.interval.ms": 2000}))
+    name = f"{lab.network}-mm-{alias}"
+    docker("run", "-d", "--name", name, "--network", "host", "--memory", "1g", "-e", "MM2_CLUSTERS=datacenter",
+           "-e", "MM2_HEAP_OPTS=-Xms256m -Xmx512m", "-v", f"{config_dir}:/etc/mirrormaker:ro", image("kafka"),
+           "mirrormaker")
+    lab.containers.append(name)
+    started = time.monotonic()
+    seen: set[bytes] = set()
+    total, first, last = 0, None, None
+    try:
+        consumer.subscribe([topic])
+        while len(seen) < records and time.monotonic() - started < timeout_s:
+            for msg in consumer.consume(10000, timeout=1.0):
+                if msg.error() is None:
+                    now = time.monotonic()
+                    first = first or now
+                    last = now
+                    total += 1
+                    seen.add(msg.value())
+            log("bench", f"{alias}: {len(seen)} of {records} at the datacenter", every=10)
+    finally:
+        consumer.close()
+        docker("rm", "-f", name, check=False)
+    drain_s = (last - first) if first and last and last > first else float("nan")
+    return {"variant": alias, "secure": secure, "mirrored": total, "distinct": len(seen),
+            "startup_s": (first - started) if first else float("nan"), "drain_s": drain_s,
+            "rate": len(seen) / drain_s if drain_s == drain_s and drain_s > 0 else float("nan")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/bench relay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=200_000, help="backlog per site (default 200000)")
+    p.add_argument("--value-bytes", type=int, default=150, help="size of each record's value (default 150)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for a drain (default 900)")
+    args = p.parse_args(argv)
+    if args.records < 1 or args.value_bytes < 40:
+        p.error("--records must be at least 1 and --value-bytes at least 40")
+    lab = Lab()
+    try:
+        log("bench", "starting the datacenter and two sites (plaintext, SASL_SSL)", force=True)
+        datacenter = start_kafka_cluster(lab, prefix="dc-")
+        plain = start_kafka_cluster(lab, prefix="plain-")
+        secure = start_kafka_cluster(lab, prefix="secure-", operator=OPERATOR)
+        ensure_access(lab, secure, dict([OPERATOR, RELAY]), filters.relay_acls(RELAY[0], [TOPIC], []))
+        results = []
+        for alias, site, is_secure in (("plain", plain, False), ("secure", secure, True)):
+            create_topics(site, TOPIC, partitions=PARTITIONS)
+            log("bench", f"{alias}: writing a backlog of {args.records} records", force=True)
+            _fill(site, args.records, args.value_bytes)
+            log("bench", f"{alias}: starting MirrorMaker", force=True)
+            results.append(_drain(lab, site, datacenter, alias, is_secure, args.records, args.timeout))
+    finally:
+        lab.close()
+    print(f"\nrelay drain of {args.records} records ({args.value_bytes} B values), exactly-once into the datacenter")
+    print(f"{'site listener':<28}{'mirrored':>10}{'distinct':>10}{'start-up s':>12}{'drain s':>10}{'records/s':>11}")
+    for r in results:
+        label = "SASL_SSL, relay principal" if r["secure"] else "PLAINTEXT (baseline)"
+        print(f"{label:<28}{r['mirrored']:>10}{r['distinct']:>10}{r['startup_s']:>12.1f}{r['drain_s']:>10.1f}"
+              f"{r['rate']:>11.0f}")
+    plain_rate, secure_rate = results[0]["rate"], results[1]["rate"]
+    print(f"SASL_SSL / PLAINTEXT drain rate: {secure_rate / plain_rate:.2f}")
+    lost = [r["variant"] for r in results if r["distinct"] < args.records]
+    if lost:
+        print(f"bench relay: not every record arrived for {', '.join(lost)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
