@@ -1,0 +1,89 @@
+"""The pki role, run by ansible-playbook on this machine as the controller: a CA, one certificate per
+broker naming its EXTERNAL address, keystores Kafka's PEM loader reads, and a second run that changes
+nothing (a new CA or certificate would restart every broker)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}]}
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  vars:
+    iot_site_alias: site-a
+    iot_topology: {topology}
+  roles: [pki]
+  post_tasks:
+    - name: Hand over what the stack role gets
+      ansible.builtin.copy:
+        content: "{{{{ pki_kafka_secrets | to_json }}}}"
+        dest: "{out}"
+        mode: "0600"
+"""
+
+
+def _run(tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "ansible/roles"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_LOG_PATH="", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}",
+                           "-e", json.dumps({"iot_pki_dir": str(tmp_path / "pki")}), str(tmp_path / "play.yml")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("pki")
+    (tmp_path / "play.yml").write_text(PLAY.format(topology=json.dumps(TOPOLOGY), out=tmp_path / "secrets.json"))
+    first = _run(tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    ca_before = (tmp_path / "pki/ca.crt").read_bytes()
+    second = _run(tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    return tmp_path, first, second, ca_before
+
+
+def test_keys_stay_on_the_controller_with_tight_modes(runs):
+    tmp_path, *_ = runs
+    pki = tmp_path / "pki"
+    assert oct(pki.stat().st_mode & 0o777) == "0o700"
+    for key in (pki / "ca.key", pki / "site-a/kafka-1.key", pki / "site-a/kafka-2.key"):
+        assert oct(key.stat().st_mode & 0o777) == "0o600", key
+
+
+def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs):
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore"}
+    ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
+    for kafka in TOPOLOGY["kafka"]:
+        pem = secrets[f"kafka_{kafka['id']}_keystore"]
+        # Kafka's PEM keystore wants a PKCS#8 key, then the chain, each block on its own lines.
+        assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
+        serialization.load_pem_private_key(pem.encode(), password=None)
+        cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
+        assert chain_ca == ca
+        cert.verify_directly_issued_by(ca)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        address = kafka["address"]
+        found = [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] + \
+            names.get_values_for_type(x509.DNSName)
+        assert address in found and f"kafka-{kafka['id']}" in found, found
+
+
+def test_second_run_changes_nothing(runs):
+    tmp_path, first, second, ca_before = runs
+    assert "changed=0" not in first.stdout.split("PLAY RECAP")[1]
+    assert "changed=0 " in second.stdout.split("PLAY RECAP")[1], second.stdout[-2000:]
+    assert (tmp_path / "pki/ca.crt").read_bytes() == ca_before
