@@ -9,12 +9,12 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth
 from tooling.testbed.docker_lab import image
-from tooling.testbed.kafka_cluster import create_topics, ensure_access, make_pki, start_kafka_cluster
+from tooling.testbed.kafka_cluster import create_topics, ensure_access, make_pki, metadata_errors, start_kafka_cluster
 
 OPERATOR = ("operator", "operator-password-8f2c1d")
 RELAY, RELAY_PASSWORD = "relay", "relay-password-4b7e9a"
@@ -48,18 +48,6 @@ def relay(lab, cluster):
     assert first["users_created"] == [RELAY]          # the operator exists already (the testbed made it)
     assert len(first["acls_created"]) == 4 and first["acls_deleted"] == []
     return kafka_auth.sasl_ssl_config(RELAY, RELAY_PASSWORD, cluster.ca_file)
-
-
-def metadata_errors(config: dict, seconds: float = 10) -> list[KafkaError]:
-    """The errors a client meets asking for metadata; [] when it gets it."""
-    errors: list[KafkaError] = []
-    admin = AdminClient({**config, "error_cb": errors.append})
-    try:
-        admin.list_topics(timeout=seconds)
-    except KafkaException as err:
-        admin.poll(1)    # serves error_cb, which carries the reason (e.g. _AUTHENTICATION)
-        return [*errors, err.args[0]]
-    return []
 
 
 def read_all(config: dict, topic: str, seconds: float = 20) -> tuple[list, list[KafkaError]]:

@@ -9,11 +9,12 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth, names
 from tooling import lab
+from tooling.testbed.kafka_cluster import metadata_errors
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
 
@@ -26,37 +27,25 @@ def bootstrap(lab_hosts) -> str:
     return f"{lab.host_ip(lab.site_managers(lab_hosts)[SITE])}:9094"
 
 
-def _errors_of(config: dict, seconds: float = 15) -> list[KafkaError]:
-    """Errors a client with `config` meets asking for metadata; [] when it gets the metadata."""
-    errors: list[KafkaError] = []
-    admin = AdminClient({**config, "error_cb": errors.append, "socket.timeout.ms": 5000})
-    try:
-        admin.list_topics(timeout=seconds)
-    except KafkaException as err:
-        admin.poll(1)    # serves error_cb, which carries the reason (e.g. _AUTHENTICATION)
-        return [*errors, err.args[0]]
-    return []
-
-
 def _relay(bootstrap: str, **config: object) -> dict:
     return {"bootstrap.servers": bootstrap, **config,
             **kafka_auth.sasl_ssl_config(RELAY_USER, lab.secret("kafka_relay"), str(lab.pki_dir() / "ca.crt"))}
 
 
 def test_a_plaintext_client_is_refused(bootstrap):
-    errors = _errors_of({"bootstrap.servers": bootstrap})
+    errors = metadata_errors({"bootstrap.servers": bootstrap})
     assert errors, "a plaintext client got the site's metadata"
 
 
 def test_a_wrong_password_and_an_unknown_user_are_refused(bootstrap):
     ca = str(lab.pki_dir() / "ca.crt")
     for user, password in (("operator", "not-the-operators-password"), ("nobody", lab.secret("kafka_operator"))):
-        errors = _errors_of({"bootstrap.servers": bootstrap, **kafka_auth.sasl_ssl_config(user, password, ca)})
+        errors = metadata_errors({"bootstrap.servers": bootstrap, **kafka_auth.sasl_ssl_config(user, password, ca)})
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), (user, errors)
 
 
 def test_the_operator_with_the_right_password_gets_in(bootstrap):
-    assert _errors_of(lab.kafka_client(bootstrap)) == []
+    assert metadata_errors(lab.kafka_client(bootstrap)) == []
 
 
 def test_the_relay_reads_a_relayed_topic_but_cannot_write_it(bootstrap):

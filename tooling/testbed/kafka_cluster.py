@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.common import kafka_auth
@@ -137,3 +138,16 @@ def ensure_access(lab: Lab, cluster: KafkaCluster, users: dict[str, str], acls: 
     if result.returncode != 0 or len(result.stdout.splitlines()) != 1:
         raise RuntimeError(f"iot-kafka-access failed ({result.returncode}): {result.stdout}{result.stderr}")
     return json.loads(result.stdout)
+
+
+def metadata_errors(config: dict, seconds: float = 10) -> list[KafkaError]:
+    """The errors a client with `config` meets asking for metadata; [] when it gets it (a refused
+    login shows as _AUTHENTICATION, an untrusted certificate as _SSL)."""
+    errors: list[KafkaError] = []
+    admin = AdminClient({**config, "error_cb": errors.append, "socket.timeout.ms": 5000})
+    try:
+        admin.list_topics(timeout=seconds)
+    except KafkaException as err:
+        admin.poll(1)    # serves error_cb, which carries the reason
+        return [*errors, err.args[0]]
+    return []
