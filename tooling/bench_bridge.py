@@ -67,7 +67,7 @@ def _subscribe_session(host: str, variant: str, expiry: int) -> None:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{variant}",
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(USER, PASSWORD)
-    readings = names.MQTT_READINGS.format(site="+", sensor_id="+")
+    readings = names.MQTT_READINGS.format(site="+", device_id="+", sensor_id="+")
     client.on_connect = lambda c, *_: c.subscribe(f"$share/bench-{variant}/{readings}", qos=1)
     client.on_subscribe = lambda *_: done.set()
     props = Properties(PacketTypes.CONNECT)
@@ -87,7 +87,7 @@ def _publish(lab: Lab, messages: int, publishers: int) -> float:
     for n in range(publishers):
         fmt = '{"sensor_id":"s<n>","timestamp":%d,"temperature":21.5,"unit":"C"}'.replace("<n>", str(n))
         awk = "{printf \"" + fmt.replace('"', '\\"') + "\\n\", $1}"
-        topic = names.MQTT_READINGS.format(site=SITE, sensor_id=f"s{n}")
+        topic = names.MQTT_READINGS.format(site=SITE, device_id=f"pub-{n}", sensor_id=f"s{n}")
         jobs.append(f"seq {n * per} {(n + 1) * per - 1} | awk {shlex.quote(awk)} | mosquitto_pub -q 1 -M 1000 -l "
                     f"-u {USER} -P {PASSWORD} -i pub-{n} -t {topic} &")
     script = " ".join(jobs)

@@ -74,12 +74,15 @@ class Device:
         self.last_ms = 0
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"chaos-{sensor}",
                                   protocol=mqtt.MQTTv5)
-        self.client.username_pw_set(lab.MQTT_DEVICE_USER, lab.LAB_SECRETS["device"])
+        # The site's test device, over TLS to 8883 as every device (its certificate names `host`).
+        self.device = lab.test_device(site)
+        self.client.username_pw_set(self.device, lab.device_password(self.device))
+        self.client.tls_set(ca_certs=str(lab.pki_dir() / "ca.crt"))
         self.client.reconnect_delay_set(0.2, 2)
         self.client.max_inflight_messages_set(200)
         self.client.max_queued_messages_set(0)
         self.client.on_publish = self._on_publish
-        self.client.connect_async(host, 1883, keepalive=10)
+        self.client.connect_async(host, 8883, keepalive=10)
         self.client.loop_start()
 
     def _now_ms(self) -> int:
@@ -92,7 +95,8 @@ class Device:
         event_ms = event_ms or self._now_ms()
         payload = json.dumps({"timestamp": event_ms, "temperature": temperature, "unit": "C"})
         # Not under self.lock: paho's network thread holds its own lock while it calls _on_publish.
-        info = self.client.publish(names.MQTT_READINGS.format(site=self.site, sensor_id=sensor), payload, qos=1)
+        topic = names.MQTT_READINGS.format(site=self.site, device_id=self.device, sensor_id=sensor)
+        info = self.client.publish(topic, payload, qos=1)
         sent = (sensor, event_ms, temperature)
         with self.lock:
             self.published += 1

@@ -23,6 +23,8 @@ the lab tests and the fault suite read them there (secret(name), LAB_SECRETS);
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -48,7 +50,9 @@ HOST_RUN_OPTIONS = [
     "--security-opt", "systempaths=unconfined", "--cgroupns=host",
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
 ]
-MQTT_DEVICE_USER = "device"
+# Each edge site's device logins (stack_mqtt_devices): the simulated fleet's devices, and one device
+# the tests and the fault suite publish as. Passwords derive from the lab's random "device" secret.
+FLEET_DEVICES = 3
 KAFKA_OPERATOR_USER = "operator"    # stack_kafka_operator_user's default
 # The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT users', the
 # Kafka operator's and relay's.
@@ -156,7 +160,8 @@ def load_secrets() -> dict[str, str]:
 
 
 def secret(name: str) -> str:
-    """One secret of the running lab, e.g. secret("device"): the simulated devices' MQTT password."""
+    """One secret of the running lab, e.g. secret("kafka_operator"); secret("device") is the key the devices'
+    MQTT passwords derive from (device_password)."""
     if name not in SECRET_NAMES:
         raise KeyError(f"lab: no secret {name!r}; the lab's secrets are {', '.join(SECRET_NAMES)}")
     return load_secrets()[name]
@@ -186,6 +191,27 @@ class _LabSecrets(Mapping[str, str]):
 LAB_SECRETS: Mapping[str, str] = _LabSecrets()
 
 
+def device_ids(site: str) -> list[str]:
+    """The device logins of one edge site: the simulator's fleet (services/tools/fleet.py ids), then test_device."""
+    return [f"{site}-dev-{n}" for n in range(1, FLEET_DEVICES + 1)] + [test_device(site)]
+
+
+def test_device(site: str) -> str:
+    """The device the lab tests and the fault suite publish as at `site`."""
+    return f"{site}-lab"
+
+
+def device_password(device_id: str) -> str:
+    """A device's MQTT password: its own, random per lab (an HMAC of the lab's device secret)."""
+    digest = hmac.new(secret("device").encode(), device_id.encode(), hashlib.sha256).digest()
+    return "".join(SECRET_ALPHABET[b % len(SECRET_ALPHABET)] for b in digest[:SECRET_LENGTH])
+
+
+def device_credentials(site: str) -> dict[str, str]:
+    """device id -> password for `site`: its stack_mqtt_devices, and the simulator's credentials file."""
+    return {device: device_password(device) for device in device_ids(site)}
+
+
 def secret_group_vars(values: Mapping[str, str]) -> str:
     """The inventory's group_vars/all/secrets.yml for the lab's secrets (and where its CA lives)."""
     quoted = {name: json.dumps(values[name]) for name in SECRET_NAMES}
@@ -194,7 +220,7 @@ def secret_group_vars(values: Mapping[str, str]) -> str:
             f"stack_cassandra_adapter_password: {quoted['cassandra_adapter']}\n"
             f"stack_kafka_operator_password: {quoted['kafka_operator']}\n"
             f"stack_kafka_relay_password: {quoted['kafka_relay']}\n"
-            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n  {MQTT_DEVICE_USER}: {quoted['device']}\n"
+            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n"
             f"# The lab's CA outlives the inventory, which every run writes anew; `down` removes it.\n"
             f"iot_pki_dir: {json.dumps(str(pki_dir()))}\n")
 
@@ -294,10 +320,21 @@ def write_inventory(hosts: list[LabHost]) -> Path:
               "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}", ""]
     (inventory / "hosts.ini").write_text("\n".join(lines))
     (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS)
-    fd = os.open(inventory / "group_vars" / "all" / "secrets.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret_group_vars(values))
+    _write_private(inventory / "group_vars" / "all" / "secrets.yml", secret_group_vars(values))
+    # Each site's own devices, in its group: a device logs in only at its own site.
+    for group in groups:
+        if group != "datacenter":
+            (inventory / "group_vars" / group).mkdir(parents=True, exist_ok=True)
+            devices = json.dumps(device_credentials(group.replace("_", "-")), indent=2)
+            _write_private(inventory / "group_vars" / group / "devices.yml",
+                           f"---\n# Written by scripts/lab (random per lab).\nstack_mqtt_devices: {devices}\n")
     return inventory
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 # Spark jobs in the lab. Every site and the datacenter share two cores with
@@ -394,12 +431,20 @@ def site_managers(hosts: list[LabHost]) -> dict[str, LabHost]:
     return {h.site: h for h in hosts if h.variables.get("kafka_id") == 1}
 
 
+def device_secrets(site: str) -> Path:
+    """The simulated devices' secrets of `site` (mounted as /run/secrets): their logins and the CA."""
+    secret_dir = lab_dir() / "device-secrets" / site
+    secret_dir.mkdir(parents=True, exist_ok=True)
+    (secret_dir / "mqtt_credentials").write_text(json.dumps(device_credentials(site)))
+    shutil.copyfile(pki_dir() / "ca.crt", secret_dir / "mqtt_ca.pem")
+    for path in (secret_dir.parent, secret_dir):
+        os.chmod(path, 0o755)
+    for name in ("mqtt_credentials", "mqtt_ca.pem"):
+        os.chmod(secret_dir / name, 0o644)  # the container's uid 1000 reads them
+    return secret_dir
+
+
 def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[str] | None = None) -> None:
-    secret_dir = lab_dir() / "device-secrets"
-    secret_dir.mkdir(exist_ok=True)
-    (secret_dir / "mqtt_password").write_text(secret("device"))
-    os.chmod(secret_dir, 0o755)
-    os.chmod(secret_dir / "mqtt_password", 0o644)
     # The registrar reaches a site's EXTERNAL listener as the operator, with the lab's CA.
     kafka_dir = lab_dir() / "operator-secrets"
     kafka_dir.mkdir(exist_ok=True)
@@ -414,14 +459,15 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
         address = host_ip(host)
         log("lab", f"registering the fleet of {site}")
         services_run("iot-registrar", "--bootstrap-servers", f"{address}:9094", "--kafka-user", KAFKA_OPERATOR_USER,
-                     "fleet", "--site", site, "--devices", "3", "--sensors-per-device", "2",
+                     "fleet", "--site", site, "--devices", str(FLEET_DEVICES), "--sensors-per-device", "2",
                      volumes={str(kafka_dir): "/run/secrets:ro"})
         name = f"iot-lab-devices-{site}"
         run("docker", "rm", "-f", name, check=False)
         log("lab", f"starting simulated devices for {site} at {rate:g} readings/s")
-        services_run("iot-simulator", "--host", address, "--username", MQTT_DEVICE_USER, "--site", site,
-                     "--devices", "3", "--sensors-per-device", "2", "--hot-sensors", "1", "--rate", str(rate),
-                     "--tau", "20", detach_name=name, volumes={str(secret_dir): "/run/secrets:ro"})
+        services_run("iot-simulator", "--host", address, "--site", site,
+                     "--devices", str(FLEET_DEVICES), "--sensors-per-device", "2", "--hot-sensors", "1",
+                     "--rate", str(rate), "--tau", "20", detach_name=name,
+                     volumes={str(device_secrets(site)): "/run/secrets:ro"})
 
 
 # ---------------------------------------------------------------- status

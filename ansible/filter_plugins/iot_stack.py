@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import re
 import tomllib
 
@@ -101,12 +102,32 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "managers": managers,
         "nodes": list(hosts),
         "apps_node": _flag(hostvars, hosts, "apps_node", "Spark, bridge, adapter, MirrorMaker", site_alias),
-        "mqtt_node": _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias) if tier == "edge" else None,
+        "mqtt_node": (mqtt_node := _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
+                      if tier == "edge" else None),
+        # Devices reach Mosquitto's TLS listener here; its certificate names this address.
+        "mqtt_address": _address(hostvars, mqtt_node) if mqtt_node else None,
         "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
         "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
         "cassandra_seeds": ",".join(f"cassandra-{c['id']}" for c in topology["cassandra"][:3]),
     })
     return topology
+
+
+def pki_servers(topology: dict) -> list[dict]:
+    """The servers of one site that get a certificate, with the names clients check: each Kafka broker
+    (its EXTERNAL address and kafka-<id>) and, at an edge site, Mosquitto (the mqtt_node's address
+    and mosquitto). Used by the pki role."""
+    def san(address: str) -> str:
+        try:
+            ipaddress.ip_address(address)
+            return f"IP:{address}"
+        except ValueError:
+            return f"DNS:{address}"
+    servers = [{"name": f"kafka-{k['id']}", "sans": [san(str(k["address"])), f"DNS:kafka-{k['id']}"]}
+               for k in topology["kafka"]]
+    if topology.get("mqtt_address"):
+        servers.append({"name": "mosquitto", "sans": [san(str(topology["mqtt_address"])), "DNS:mosquitto"]})
+    return servers
 
 
 def node_labels(hostvars_of_host: dict) -> dict:
@@ -172,6 +193,9 @@ def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str]
     if len(set(aliases)) != len(aliases):
         _fail(f"edge site aliases {aliases} are not unique; set site_alias per site group")
     return sites
+
+
+MQTT_DEVICE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def mosquitto_passwd(users: dict, site_alias: str, iterations: int = 101) -> str:
@@ -267,13 +291,34 @@ def _refusal(label: str, why: str, variable: str, vault: str, example: str = RAN
             " (see inventory.example/group_vars/all/secrets.yml).")
 
 
+def mqtt_device_refusals(devices: object, service_users: object) -> list[str]:
+    """Preflight's check of stack_mqtt_devices: one message per unfit device id, none when all fit.
+
+    A device id is its MQTT user name and a segment of its topics (Mosquitto's ACL puts the login
+    where the pattern says %u), so it must be a plain topic segment and no service's login."""
+    if not isinstance(devices, dict):
+        return [f"stack_mqtt_devices must map device ids to passwords, got {type(devices).__name__}"]
+    refusals = []
+    for device in sorted(devices, key=str):
+        text = str(device)
+        if not MQTT_DEVICE_RE.match(text):
+            refusals.append(f"stack_mqtt_devices: device id {text!r} must be 1-64 letters, digits, '.', '_' or '-' "
+                            "(it is the MQTT user name and a topic segment: no '/', '+', '#', ':' or spaces)")
+        elif text in (service_users or {}):
+            refusals.append(f"stack_mqtt_devices: device id {text!r} is also in stack_mqtt_users; a device "
+                            "needs its own login (rename the device)")
+    return refusals
+
+
 def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict | None = None,
-                    webhook_url: object = "", spark_jobs: dict | None = None) -> list[str]:
+                    webhook_url: object = "", spark_jobs: dict | None = None,
+                    mqtt_devices: dict | None = None) -> list[str]:
     """Preflight's check of the secret variables: one message per refused value, none when all are fit.
 
     passwords    {variable name: value}, e.g. stack_cassandra_password (see weak_secret)
     users        {variable name: the user name that logs in with it}, for the user-name check
     mqtt_users   stack_mqtt_users, {MQTT user: password}: each password, named with its user
+    mqtt_devices stack_mqtt_devices, {device id: password}: the same, per device
     webhook_url  stack_notifier_webhook_url: empty (no webhook) or an http(s) URL, no placeholder
     spark_jobs   stack_spark.jobs, {tier: [job]}: no job may carry a secret in its plain env
 
@@ -285,13 +330,15 @@ def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict
         why = weak_secret(value, users.get(name))
         if why:
             refusals.append(_refusal(name, why, name, "vault_" + name.removeprefix("stack_")))
-    for user, value in sorted((mqtt_users or {}).items(), key=lambda item: str(item[0])):
-        why = weak_secret(value, str(user))
-        if why:
-            vault = f"vault_mqtt_{re.sub(r'[^A-Za-z0-9_]', '_', str(user))}_password"
-            refusals.append(_refusal(f"stack_mqtt_users: the password of user {user}",
-                                     why.replace("the user name", "its user name"),
-                                     f"stack_mqtt_users.{user}", vault))
+    for variable, who, logins in (("stack_mqtt_users", "user", mqtt_users), ("stack_mqtt_devices", "device",
+                                                                              mqtt_devices)):
+        for user, value in sorted((logins or {}).items(), key=lambda item: str(item[0])):
+            why = weak_secret(value, str(user))
+            if why:
+                vault = f"vault_mqtt_{re.sub(r'[^A-Za-z0-9_]', '_', str(user))}_password"
+                refusals.append(_refusal(f"{variable}: the password of {who} {user}",
+                                         why.replace("the user name", "its user name"),
+                                         f"{variable}.{user}", vault))
     url = "" if webhook_url is None else str(webhook_url).strip()
     why = None
     if _letters_digits(PLACEHOLDER) in _letters_digits(url) or "<" in url or ">" in url:
@@ -354,6 +401,7 @@ class FilterModule:
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
-                "mosquitto_passwd": mosquitto_passwd, "stack_files": stack_files, "unconverged": unconverged,
+                "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
+                "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls}

@@ -23,7 +23,6 @@ from services.common.dead_letter import (
     Headers,
     dead_letter,
 )
-from services.common.site import resolve_site
 
 # Dead-letter reasons of the bridge: the metric label and the first word of the dlq_reason header.
 # The generic ones come from services.common.dead_letter; these two only the bridge has.
@@ -91,7 +90,7 @@ class _TopicPlan:
     """Everything one MQTT topic implies, worked out once: its rule (the first that matches), the
     segments that fill payload fields, the Kafka topic and key, the site and the bridge's own headers
     for it. tests/unit/bridge/reference.py keeps the plain per-message mapping this must equal."""
-    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers")
+    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers", "foreign_site")
 
     def __init__(self, mapping: Mapping, topic: str, default_site: str | None):
         rule, segments = None, {}
@@ -101,9 +100,14 @@ class _TopicPlan:
                 rule, segments = candidate, found
                 break
         self.rule = rule
-        # The MQTT topic's {site} segment is what the message itself says; the bridge has no site header
-        # to trust (a device's `site` user property is dropped), so: that segment, else BRIDGE_SITE.
-        site = resolve_site(field=segments.get("site"), default=default_site)
+        # The site is where the device connected: this bridge's BRIDGE_SITE. The topic's {site} segment
+        # must agree (Mosquitto's ACL lets a device write only under its own site; a topic naming another
+        # site is dead-lettered, never recorded as that site). Without BRIDGE_SITE, the segment.
+        topic_site = segments.get("site")
+        site = default_site or topic_site
+        self.foreign_site = (f"topic names site '{topic_site}' but this bridge serves site '{default_site}' "
+                             f"(BRIDGE_SITE): devices publish under their own site's topics"
+                             if default_site and topic_site and topic_site != default_site else None)
         self.headers = tuple(base_headers(topic, None, site, 0)[:-1])     # all but the per-message ingest time
         if rule is None:
             self.contract, self.fills, self.fields, self.kafka_topic, self.key = None, (), (), None, None
@@ -179,6 +183,8 @@ class Router:
         if plan.rule is None:
             return self._dlq(plan, topic, payload, headers, now_ms, UNMAPPED,
                              f"no mapping rule matches MQTT topic '{topic}' (add a [[rule]] to the mapping file)")
+        if plan.foreign_site:
+            return self._dlq(plan, topic, payload, headers, now_ms, CONTRACT_VIOLATION, plan.foreign_site)
         try:
             value = plan.apply(data)
         except ContractError as err:

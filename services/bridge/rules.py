@@ -1,7 +1,7 @@
 """MQTT topic -> Kafka topic mapping rules: configuration, not code.
 
 A rule names the segments of an MQTT topic filter, e.g.
-`sites/{site}/sensors/{sensor_id}/temperature`; a message whose topic matches is
+`sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature`; a message whose topic matches is
 produced to `kafka_topic` with the key rendered from `key` (e.g. `{sensor_id}`)
 after its payload passed `contract`. Named segments fill payload fields the device
 left out; a payload that contradicts its topic is a contract violation. This module
@@ -10,7 +10,7 @@ parses and matches rules; services.bridge.routing applies them to messages.
 Rules are read from a TOML file:
 
     [[rule]]
-    mqtt = "sites/{site}/sensors/{sensor_id}/temperature"
+    mqtt = "sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature"
     kafka_topic = "temperature-data"
     key = "{sensor_id}"
     contract = "temperature-reading"

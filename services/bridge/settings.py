@@ -92,7 +92,7 @@ OPTIONS: tuple[settings.Option, ...] = (
                     flag="--keepalive"),
     settings.Option("mapping_file", "BRIDGE_MAPPING_FILE", _D.mapping_file,
                     "TOML file of [[rule]] MQTT-to-Kafka mappings; unset means the built-in rule "
-                    "sites/{site}/sensors/{sensor_id}/temperature -> temperature-data"),
+                    "sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature -> temperature-data"),
     settings.Option("kafka_bootstrap", "BRIDGE_KAFKA_BOOTSTRAP", _D.kafka_bootstrap, "Kafka bootstrap servers"),
     settings.Option("site", "BRIDGE_SITE", _D.site,
                     "site alias for the site header and for commands without a site (a {site} topic segment wins)"),

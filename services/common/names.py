@@ -29,8 +29,10 @@ HEADER_DLQ_REASON = "dlq_reason"        # "<reason>: <detail>": a reason code, t
 HEADER_DLQ_TIME_MS = "dlq_time_ms"      # when it was dead-lettered (epoch ms)
 HEADER_DLQ_OFFSET = "dlq_offset"        # "<partition>:<offset>" of a Kafka source record (none for MQTT)
 
-# MQTT topics: readings from devices, commands to devices (str.format templates).
-MQTT_READINGS = "sites/{site}/sensors/{sensor_id}/temperature"
+# MQTT topics: readings from devices, commands to devices (str.format templates). Both name the device:
+# Mosquitto's ACL binds that segment to the device's login (%u) and the site segment to the site's own
+# broker, so a device can write only its own readings and read only its own commands (docs/security.md).
+MQTT_READINGS = "sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature"
 MQTT_COMMANDS = "sites/{site}/devices/{device_id}/commands"
 
 # Kafka consumer groups: service -> group name. A service runs in the group "<owner>-<name>", where owner is

@@ -6,9 +6,10 @@ Precedence (the first that is set and not empty wins):
               connected writes it (a device cannot set it: the bridge drops a user
               property of that name) and MirrorMaker carries it to the datacenter,
               so it is the most trustworthy answer.
-  2. field    what the record itself says: a `site` field of the payload, or for
-              the bridge the {site} segment of the MQTT topic (which the mapping
-              also fills into such a field).
+  2. field    what the record itself says: a `site` field of the payload.
+              The bridge does not use this list: it records its own BRIDGE_SITE,
+              the site whose Mosquitto the device logged into, and dead-letters a
+              reading whose topic names another site (services/bridge/routing.py).
   3. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored Kafka topic
               ('site-a.temperature-data' -> 'site-a').
   4. default  the service's setting (BRIDGE_SITE, ADAPTER_DEFAULT_SITE, SITE).

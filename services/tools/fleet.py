@@ -47,7 +47,7 @@ class Sensor:
 
     @property
     def mqtt_topic(self) -> str:
-        return names.MQTT_READINGS.format(site=self.site, sensor_id=self.sensor_id)
+        return names.MQTT_READINGS.format(site=self.site, device_id=self.device_id, sensor_id=self.sensor_id)
 
 
 def sensor_type_id(unit: str) -> str:

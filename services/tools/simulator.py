@@ -1,11 +1,14 @@
 """Simulated devices publishing temperature readings over MQTT.
 
 Every sensor of the fleet (see services/tools/fleet.py for ids and the temperature
-formula) publishes to sites/<site>/sensors/<sensor_id>/temperature; the
-aggregate rate is spread over the sensors round-robin. Prints sent and acked
-counts and the achieved rate every few seconds and at the end.
+formula) publishes to sites/<site>/devices/<device_id>/sensors/<sensor_id>/temperature; the
+aggregate rate is spread over the sensors round-robin. Each device logs in as itself
+(user name = device id, password from the credentials file, a JSON object
+{"<device id>": "<password>"}) over TLS, checking the broker's certificate against
+the CA file, as a real device does: Mosquitto's ACL lets it write only its own topics.
+Prints sent and acked counts and the achieved rate every few seconds and at the end.
 
-Example: iot-simulator --host 127.0.0.1 --username sim --password-file pw \\
+Example: iot-simulator --host 10.20.0.11 --credentials-file site-a-devices.json --ca-file ca.crt \\
            --site site-a --devices 10 --sensors-per-device 2 --rate 1000 --duration 60
 """
 from __future__ import annotations
@@ -46,12 +49,15 @@ class Counters:
 # --<name> flags by help group; each also reads the variable shown (services/common/settings.py).
 OPTION_GROUPS: dict[str, tuple[Option, ...]] = {
     "MQTT connection": (
-        Option("host", "SIMULATOR_HOST", "127.0.0.1", "broker host"),
-        Option("port", "SIMULATOR_PORT", 1883, "broker port", int),
-        Option("username", "SIMULATOR_USERNAME", None, "MQTT user name"),
-        Option("password_file", "MQTT_PASSWORD_FILE", None,
-               "file holding the MQTT password (unset: the secret mqtt_password, /run/secrets/mqtt_password)"),
-        Option("connections", "SIMULATOR_CONNECTIONS", 2, "MQTT connections to spread the load over", int),
+        Option("host", "SIMULATOR_HOST", "127.0.0.1", "broker host (the certificate must name it)"),
+        Option("port", "SIMULATOR_PORT", None, "broker port (default 8883, with --plaintext 1883)", int),
+        Option("credentials_file", "SIMULATOR_CREDENTIALS_FILE", None,
+               "JSON object of device id -> MQTT password, every device of the fleet "
+               "(unset: the secret mqtt_credentials, /run/secrets/mqtt_credentials)"),
+        Option("ca_file", "SIMULATOR_CA_FILE", None,
+               "CA certificate the broker's certificate is checked against (unset: the secret mqtt_ca.pem)"),
+        Option("plaintext", "SIMULATOR_PLAINTEXT", False,
+               "plain MQTT, no TLS (a site publishing 1883: stack_mqtt_publish_plaintext)", bool),
         Option("client_prefix", "SIMULATOR_CLIENT_PREFIX", "simulator", "client id prefix"),
     ),
     "fleet": (
@@ -90,34 +96,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     try:
         args = settings.parse_args(p, OPTIONS, argv)
-        args.password = _password(args) if args.username else None
-    except settings.SettingsError as err:   # a bad variable or password file: a usage error too (exit 2)
+        args.credentials = _credentials(args)
+        args.ca_file = None if args.plaintext else _ca_file(args)
+    except settings.SettingsError as err:   # a bad variable or secret file: a usage error too (exit 2)
         p.error(str(err))
+    if args.port is None:
+        args.port = 1883 if args.plaintext else 8883
     if args.rate <= 0:
         p.error("--rate must be positive")
-    if args.connections < 1:
-        p.error("--connections must be at least 1")
+    missing = sorted({s.device_id for s in fleet.build_fleet(args.site, args.devices, 1)} - set(args.credentials))
+    if missing:
+        p.error(f"the credentials file has no password for devices {', '.join(missing[:5])}"
+                f"{' ...' if len(missing) > 5 else ''} (add them, as in the site's stack_mqtt_devices)")
     if args.duration is None:
         args.duration = float("inf")  # until --count, or ^C
     return args
 
 
-def _password(args: argparse.Namespace) -> str | None:
-    """The file of --password-file (or $MQTT_PASSWORD_FILE), else the secret mqtt_password in /run/secrets."""
-    if args.password_file:
-        try:
-            return Path(args.password_file).read_text().strip()
-        except OSError as err:
-            raise settings.SettingsError(f"--password-file (MQTT_PASSWORD_FILE) {args.password_file}: cannot read "
-                                         f"it ({err.strerror})") from None
-    return settings.secret("mqtt_password")
+def _credentials(args: argparse.Namespace) -> dict[str, str]:
+    """device id -> password from --credentials-file, else the secret mqtt_credentials."""
+    source = args.credentials_file or str(settings.SECRETS_DIR / "mqtt_credentials")
+    try:
+        text = Path(source).read_text()
+    except OSError as err:
+        raise settings.SettingsError(f"--credentials-file (SIMULATOR_CREDENTIALS_FILE) {source}: cannot read it "
+                                     f"({err.strerror}); give the devices' logins as a JSON object") from None
+    try:
+        credentials = json.loads(text)
+    except ValueError as err:
+        raise settings.SettingsError(f"credentials file {source} is not JSON ({err}); expected "
+                                     '{"<device id>": "<password>", ...}') from None
+    if not isinstance(credentials, dict) or not all(isinstance(v, str) and v for v in credentials.values()):
+        raise settings.SettingsError(f"credentials file {source}: expected a JSON object of device id -> "
+                                     "non-empty password string")
+    return credentials
 
 
-def _connect(args: argparse.Namespace, index: int, counters: Counters) -> mqtt.Client:
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{args.client_prefix}-{args.site}-{index}",
+def _ca_file(args: argparse.Namespace) -> str:
+    path = Path(args.ca_file or settings.SECRETS_DIR / "mqtt_ca.pem")
+    if not path.is_file():
+        raise settings.SettingsError(f"--ca-file (SIMULATOR_CA_FILE) {path} is missing: give the deployment's CA "
+                                     "certificate (the pki role's ca.crt), or --plaintext for a plain listener")
+    return str(path)
+
+
+def _connect(args: argparse.Namespace, device_id: str, counters: Counters) -> mqtt.Client:
+    """One device's connection, logged in as itself."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{args.client_prefix}-{device_id}",
                          protocol=MQTTProtocolVersion.MQTTv5)
-    if args.username:
-        client.username_pw_set(args.username, args.password)
+    client.username_pw_set(device_id, args.credentials[device_id])
+    if args.ca_file:
+        client.tls_set(ca_certs=args.ca_file)     # verifies the chain and that the certificate names --host
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     # QoS 1: called on PUBACK; QoS 0: called once the message is written to the socket.
@@ -131,13 +160,17 @@ def _connect(args: argparse.Namespace, index: int, counters: Counters) -> mqtt.C
         connected.set()
 
     client.on_connect = on_connect
-    client.connect(args.host, args.port, keepalive=30)
+    try:
+        client.connect(args.host, args.port, keepalive=30)
+    except OSError as err:     # ssl.SSLError (a certificate that does not verify) is an OSError
+        raise SystemExit(f"iot-simulator: cannot connect device {device_id} to {args.host}:{args.port}: {err}") \
+            from None
     client.loop_start()
     if not connected.wait(15):
         raise SystemExit(f"iot-simulator: no answer from MQTT broker {args.host}:{args.port} within 15 s")
     if refused:
-        raise SystemExit(f"iot-simulator: broker refused the connection: {refused[0]} "
-                         "(check --username / --password-file)")
+        raise SystemExit(f"iot-simulator: broker refused device {device_id}: {refused[0]} "
+                         "(check its password in the credentials file and the site's stack_mqtt_devices)")
     return client
 
 
@@ -148,7 +181,7 @@ def run(args: argparse.Namespace) -> Counters:
     sensors = fleet.build_fleet(args.site, args.devices, args.sensors_per_device, args.hot_sensors)
     rng = random.Random(args.seed)
     counters = Counters()
-    clients = [_connect(args, i, counters) for i in range(args.connections)]
+    clients = {device: _connect(args, device, counters) for device in dict.fromkeys(s.device_id for s in sensors)}
     stop = StopFlag()
     started = time.monotonic()
     last_report = started
@@ -168,7 +201,7 @@ def run(args: argparse.Namespace) -> Counters:
             for _ in range(due):
                 sensor = sensors[counters.sent % len(sensors)]
                 payload = json.dumps(fleet.reading(sensor, profile, elapsed, now_ms, rng))
-                info = clients[counters.sent % len(clients)].publish(sensor.mqtt_topic, payload, qos=args.qos)
+                info = clients[sensor.device_id].publish(sensor.mqtt_topic, payload, qos=args.qos)
                 if info.rc != mqtt.MQTT_ERR_SUCCESS:
                     counters.failed += 1
                 counters.sent += 1
@@ -179,7 +212,7 @@ def run(args: argparse.Namespace) -> Counters:
         while args.qos and counters.acked < counters.sent - counters.failed and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
-        for client in clients:
+        for client in clients.values():
             client.disconnect()
             client.loop_stop()
     counters.elapsed = time.monotonic() - started

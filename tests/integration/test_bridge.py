@@ -99,7 +99,7 @@ def _publish_readings(client, sent: dict, prefix: str, count: int, sensors: int 
                       props: Properties | None = None) -> None:
     for i in range(count):
         sensor = f"{prefix}-{i % sensors}"
-        info = client.publish(f"sites/{SITE}/sensors/{sensor}/temperature", _reading(sensor, i), qos=1,
+        info = client.publish(f"sites/{SITE}/devices/d1/sensors/{sensor}/temperature", _reading(sensor, i), qos=1,
                               properties=props)
         sent[info.mid] = (sensor, i)
         if pause_every and i % pause_every == 0:
@@ -161,18 +161,19 @@ def test_bridge_delivers_each_qos1_reading_exactly_once_with_key_and_headers(sta
         assert r.key().decode() == value["sensor_id"]
         assert headers[names.HEADER_SITE] == SITE.encode()
         assert abs(int(headers[names.HEADER_INGEST_MS]) - time.time() * 1000) < 600_000
-        assert headers[names.HEADER_MQTT_TOPIC] == f"sites/{SITE}/sensors/{value['sensor_id']}/temperature".encode()
+        assert headers[names.HEADER_MQTT_TOPIC] == \
+            names.MQTT_READINGS.format(site=SITE, device_id="d1", sensor_id=value["sensor_id"]).encode()
         assert headers["firmware"] == b"1.4.2"
 
 
 BAD_INPUTS = {
-    "invalid_json": ("sites/site-a/sensors/bad-1/temperature", b"{not json"),
-    "contract_violation": ("sites/site-a/sensors/bad-2/temperature",
+    "invalid_json": ("sites/site-a/devices/d1/sensors/bad-1/temperature", b"{not json"),
+    "contract_violation": ("sites/site-a/devices/d1/sensors/bad-2/temperature",
                            b'{"timestamp": 1, "temperature": 20.0, "unit": "X"}'),
-    "contract_violation-non-numeric": ("sites/site-a/sensors/bad-3/temperature",
+    "contract_violation-non-numeric": ("sites/site-a/devices/d1/sensors/bad-3/temperature",
                                        b'{"timestamp": 1, "temperature": "hot", "unit": "C"}'),
-    "oversized": ("sites/site-a/sensors/bad-4/temperature", b"x" * (MAX_PAYLOAD + 1)),
-    "unmapped": ("sites/site-a/sensors//temperature", _reading("bad-5", 1)),
+    "oversized": ("sites/site-a/devices/d1/sensors/bad-4/temperature", b"x" * (MAX_PAYLOAD + 1)),
+    "unmapped": ("sites/site-a/devices/d1/sensors//temperature", _reading("bad-5", 1)),
 }
 
 

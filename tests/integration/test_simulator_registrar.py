@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import paho.mqtt.client as mqtt
@@ -10,26 +11,28 @@ from confluent_kafka import Consumer
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from services.common import contracts, names
-from tooling.testbed.docker_lab import docker, free_port, image, mosquitto_password_file, wait_until
+from tooling.testbed.docker_lab import docker, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.mosquitto import start_site_mosquitto
 
-USER, PASSWORD = "simulator", "sim-secret"
+SITE = "site-a"
+BRIDGE = ("bridge", "bridge-secret-for-tests")
+FLEET = {f"{SITE}-dev-{n}": f"device-{n}-secret-for-tests" for n in range(1, 4)}
 REGISTRATION_TOPICS = (names.SENSOR_TYPE_REGISTRATION, names.DEVICE_REGISTRATION,
                        names.SENSOR_REGISTRATION)
 
 
 @pytest.fixture(scope="module")
 def mosquitto(lab, tmp_path_factory):
-    secrets = tmp_path_factory.mktemp("secrets")
-    mosquitto_password_file(secrets, {USER: PASSWORD})
-    (secrets / "mqtt_password").write_text(PASSWORD)
-    (secrets / "mqtt_password").chmod(0o644)
-    port = free_port()
-    lab.run("mosquitto", "mosquitto", ports={port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
-            env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
-    wait_until("mosquitto", lambda: lab.exec("mosquitto", "mosquitto_sub", "-u", USER, "-P", PASSWORD,
-                                              "-t", "x", "-W", "1").returncode in (0, 27), timeout=60)
-    return port, secrets
+    """A site's Mosquitto, and the simulator's secrets: its devices' logins and the CA."""
+    broker = start_site_mosquitto(lab, tmp_path_factory.mktemp("mosquitto"), {BRIDGE[0]: BRIDGE[1], **FLEET}, SITE)
+    secrets = tmp_path_factory.mktemp("simulator-secrets")
+    (secrets / "mqtt_credentials").write_text(json.dumps(FLEET))
+    shutil.copyfile(broker["ca"], secrets / "mqtt_ca.pem")
+    for path in (secrets / "mqtt_credentials", secrets / "mqtt_ca.pem"):
+        path.chmod(0o644)
+    secrets.chmod(0o755)
+    return broker, secrets
 
 
 def run_tool(lab, *args, volumes: dict[str, str] | None = None):
@@ -40,19 +43,21 @@ def run_tool(lab, *args, volumes: dict[str, str] | None = None):
 
 
 def test_simulator_publishes_count_readings_all_acked_and_received(lab, mosquitto):
-    port, secrets = mosquitto
+    broker, secrets = mosquitto
     received = []
     subscribed = threading.Event()
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="counter", protocol=MQTTProtocolVersion.MQTTv5)
-    sub.username_pw_set(USER, PASSWORD)
-    sub.on_connect = lambda c, *_: c.subscribe("sites/site-a/sensors/+/temperature", qos=1)
+    sub.username_pw_set(*BRIDGE)            # the bridge's login, on the plain listener as on the overlay
+    sub.on_connect = lambda c, *_: c.subscribe(
+        names.MQTT_READINGS.format(site=SITE, device_id="+", sensor_id="+"), qos=1)
     sub.on_subscribe = lambda *_: subscribed.set()
     sub.on_message = lambda _c, _u, msg: received.append((msg.topic, json.loads(msg.payload)))
-    sub.connect("127.0.0.1", port)
+    sub.connect("127.0.0.1", broker["plain"])
     sub.loop_start()
     try:
         assert subscribed.wait(10)
-        result = run_tool(lab, "iot-simulator", "--host", "mosquitto", "--username", USER, "--site", "site-a",
+        # Each device logs in as itself over TLS (8883), checking the certificate names 'mosquitto'.
+        result = run_tool(lab, "iot-simulator", "--host", "mosquitto", "--site", SITE,
                           "--devices", "3", "--sensors-per-device", "2", "--rate", "500", "--count", "1000",
                           "--unit", "F", "--seed", "4", "--json", volumes={str(secrets): "/run/secrets:ro"})
         assert result.returncode == 0, result.stdout + result.stderr
@@ -66,7 +71,8 @@ def test_simulator_publishes_count_readings_all_acked_and_received(lab, mosquitt
     assert len({topic for topic, _ in received}) == 6
     for topic, payload in received:
         assert contracts.READING.validate(payload)["unit"] == "F"
-        assert topic == f"sites/site-a/sensors/{payload['sensor_id']}/temperature"
+        device = payload["sensor_id"].rsplit("-s", 1)[0]          # fleet ids: <device>-s<n>
+        assert topic == names.MQTT_READINGS.format(site=SITE, device_id=device, sensor_id=payload["sensor_id"])
 
 
 def test_registrar_fills_compacted_topics_keyed_by_id(lab):

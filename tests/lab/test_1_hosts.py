@@ -76,7 +76,7 @@ def test_service_runs_all_replicas(host_of, site, service):
 
 
 PORTS = [(h.name, 9094) for h in lab.DEFAULT_HOSTS if "kafka_id" in h.variables] + \
-        [(h.name, 1883) for h in lab.DEFAULT_HOSTS if h.variables.get("mqtt_node")]
+        [(h.name, 8883) for h in lab.DEFAULT_HOSTS if h.variables.get("mqtt_node")]
 
 
 @pytest.mark.parametrize("name, port", PORTS)

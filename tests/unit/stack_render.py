@@ -51,7 +51,9 @@ def stack_settings() -> dict:
         "network": jinja2.Template(d["stack_network"]).render(group_vars()),
         "kafka_external_port": d["stack_kafka_external_port"],
         "kafka_operator_user": d["stack_kafka_operator_user"],
-        "mqtt": {"port": d["stack_mqtt_port"], "max_inflight_messages": d["stack_mqtt_max_inflight_messages"],
+        "mqtt": {"tls_port": d["stack_mqtt_tls_port"], "plaintext_port": d["stack_mqtt_plaintext_port"],
+                 "publish_plaintext": d["stack_mqtt_publish_plaintext"],
+                 "max_inflight_messages": d["stack_mqtt_max_inflight_messages"],
                  "max_queued_messages": d["stack_mqtt_max_queued_messages"],
                  "max_queued_bytes": d["stack_mqtt_max_queued_bytes"],
                  "autosave_interval": d["stack_mqtt_autosave_interval"]},
@@ -73,9 +75,10 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
     tag = pins.load().image_tag
     images = {n: f"iot-stack/{n}:{tag}" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
     # The tier's config and secret names as the stack role writes them (vars/main.yml __stack_files).
-    # plus the pki role's (vars/main.yml __stack_site_files): each broker's keystore and the CA.
+    # plus the pki role's (vars/main.yml __stack_site_files): each broker's keystore, the CA, Mosquitto's.
     declared = stack_vars()["__stack_files"][tier]
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
+    pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     files = filters.stack_files({"configs": dict.fromkeys(declared["configs"], "c"),
                                  "secrets": dict.fromkeys([*declared["secrets"], *pki], "s")}, "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(

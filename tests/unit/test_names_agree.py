@@ -48,7 +48,7 @@ YAML_FILES = [*ROLE_DEFAULTS, *sorted((INVENTORY / "group_vars").rglob("*.yml"))
 TOPIC_VARIABLES = {"topics_edge", "topics_datacenter", "stack_relay_topics", "stack_bridge_rules",
                    "stack_adapter_tables", "stack_mqtt_device_acl", "stack_mqtt_acl"}
 # Variables whose name mentions topics or MQTT but which hold no topic name (numbers are never suspect).
-NOT_TOPIC_NAMES = {"topics_network", "topics_image", "stack_mqtt_users", "stack_bridge_mqtt_user"}
+NOT_TOPIC_NAMES = {"topics_network", "topics_image", "stack_mqtt_users", "stack_mqtt_devices", "stack_bridge_mqtt_user"}
 
 
 def rel(path: Path) -> str:
@@ -143,6 +143,12 @@ def acl_filter(template: str) -> str:
     return re.sub(r"\{[^}/]+\}", "+", template)
 
 
+def device_acl_filter(template: str) -> str:
+    """A device's ACL pattern of a template: its own site's broker, its own login (%u) as the device."""
+    own = {"{site}": "{{ iot_site_alias }}", "{device_id}": "%u"}
+    return "/".join(own.get(seg, acl_filter(seg)) for seg in template.split("/"))
+
+
 # ------------------------------------------------------------------ every topic named is a names.py topic
 
 TOPIC_ENTRIES = all_entries("topic")
@@ -221,7 +227,7 @@ ACL_ENTRIES = all_entries("mqtt-acl")
 @pytest.mark.parametrize("entry", ACL_ENTRIES, ids=_ids(ACL_ENTRIES))
 def test_mqtt_acl_filter_is_a_names_template(entry):
     access, _, pattern = entry.value.partition(" ")
-    allowed = {acl_filter(t) for t in MQTT_TEMPLATES} | {"#"}
+    allowed = {acl_filter(t) for t in MQTT_TEMPLATES} | {device_acl_filter(t) for t in MQTT_TEMPLATES} | {"#"}
     assert access in ("read", "write", "readwrite") and pattern in allowed, \
         f"{entry}: expected '<read|write|readwrite> <filter>' with a filter of {sorted(allowed)}"
 
@@ -234,8 +240,8 @@ DEVICE_ACL_FILES = [p for p in YAML_FILES if "stack_mqtt_device_acl" in variable
                          ids=["MQTT_READINGS", "MQTT_COMMANDS"])
 def test_device_acl_grants_names_templates(path, template, access):
     acl = variables(path)["stack_mqtt_device_acl"]
-    assert f"{access} {acl_filter(template)}" in acl, \
-        f"{rel(path)}: stack_mqtt_device_acl = {acl} lacks '{access} {acl_filter(template)}'"
+    assert f"{access} {device_acl_filter(template)}" in acl, \
+        f"{rel(path)}: stack_mqtt_device_acl = {acl} lacks '{access} {device_acl_filter(template)}'"
 
 
 # ------------------------------------------------------------------ the adapter reads topics that exist

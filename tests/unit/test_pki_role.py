@@ -1,6 +1,7 @@
 """The pki role, run by ansible-playbook on this machine as the controller: a CA, one certificate per
-broker naming its EXTERNAL address, keystores Kafka's PEM loader reads, and a second run that changes
-nothing (a new CA or certificate would restart every broker)."""
+broker naming its EXTERNAL address, keystores Kafka's PEM loader reads, Mosquitto's certificate naming
+the address devices use, and a second run that changes nothing (a new CA or certificate would restart
+every broker)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from cryptography.hazmat.primitives import serialization
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}]}
+TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
+            "mqtt_address": "10.20.0.11"}
 
 PLAY = """
 - hosts: localhost
@@ -27,7 +29,7 @@ PLAY = """
   post_tasks:
     - name: Hand over what the stack role gets
       ansible.builtin.copy:
-        content: "{{{{ pki_kafka_secrets | to_json }}}}"
+        content: "{{{{ pki_secrets | to_json }}}}"
         dest: "{out}"
         mode: "0600"
 """
@@ -58,14 +60,16 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     tmp_path, *_ = runs
     pki = tmp_path / "pki"
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
-    for key in (pki / "ca.key", pki / "site-a/kafka-1.key", pki / "site-a/kafka-2.key"):
+    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key"):
+        key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
 
 
 def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs):
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
-    assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore"}
+    assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore",
+                            "mosquitto_tls_cert", "mosquitto_tls_key"}
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
         pem = secrets[f"kafka_{kafka['id']}_keystore"]
@@ -80,6 +84,21 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
         found = [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] + \
             names.get_values_for_type(x509.DNSName)
         assert address in found and f"kafka-{kafka['id']}" in found, found
+
+
+def test_mosquitto_gets_a_chain_naming_the_address_devices_use_and_its_key_alone(runs):
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
+    cert, chain_ca = x509.load_pem_x509_certificates(secrets["mosquitto_tls_cert"].encode())
+    assert chain_ca == ca
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [TOPOLOGY["mqtt_address"]]
+    assert names.get_values_for_type(x509.DNSName) == ["mosquitto"]
+    key = serialization.load_pem_private_key(secrets["mosquitto_tls_key"].encode(), password=None)
+    assert key.public_key() == cert.public_key()
+    assert "CERTIFICATE" not in secrets["mosquitto_tls_key"]
 
 
 def test_second_run_changes_nothing(runs):

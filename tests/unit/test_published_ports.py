@@ -4,12 +4,13 @@ authenticated and encrypted: the stacks rendered for inventory.example, service 
 What each check reads in the stack file is what the images turn into their listeners; the
 integration tests show the images do: tests/integration/test_kafka_security.py (Kafka's EXTERNAL
 listener refuses plaintext, unknown users and wrong passwords) and test_mosquitto_image.py
-(no anonymous MQTT). docs/security.md lists the same listeners."""
+(no anonymous MQTT; 8883 refuses clients without TLS, anonymous ones and wrong passwords).
+docs/security.md lists the same listeners."""
 from __future__ import annotations
 
 import pytest
 
-from tests.unit.stack_render import REPO, filters, render
+from tests.unit.stack_render import REPO, filters, render, stack_settings
 from tests.unit.test_topology_and_stacks import load_inventory
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
@@ -42,15 +43,28 @@ def _kafka_external(service: dict) -> tuple[str, str]:
     return ("SCRAM over SASL_SSL" if tls else ""), ("TLS, the broker's own certificate" if tls else "")
 
 
-def _mosquitto(service: dict) -> tuple[str, str]:
+def _mosquitto_auth(service: dict) -> str:
+    # The image never allows anonymous clients; the password file is a Swarm secret, and with
+    # per_listener_settings false it applies to every listener.
     env = service["environment"]
-    # The image never allows anonymous clients; the password file is a Swarm secret.
-    auth = "password file" if env.get("MOSQUITTO_PASSWORD_FILE") and "mosquitto_passwd" in service["secrets"] else ""
-    tls = "TLS" if env.get("MOSQUITTO_TLS_CERT_FILE") else ""
-    return auth, tls
+    return "password file" if env.get("MOSQUITTO_PASSWORD_FILE") and "mosquitto_passwd" in service["secrets"] else ""
 
 
-CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 1883): _mosquitto, ("mosquitto", 8883): _mosquitto}
+def _mosquitto_tls(service: dict) -> tuple[str, str]:
+    # The entrypoint opens 8883 with TLS only when it has the certificate and key (Swarm secrets).
+    env = service["environment"]
+    tls = env.get("MOSQUITTO_TLS_CERT_FILE") == "/run/secrets/mosquitto_tls_cert" and \
+        env.get("MOSQUITTO_TLS_KEY_FILE") == "/run/secrets/mosquitto_tls_key" and \
+        {"mosquitto_tls_cert", "mosquitto_tls_key"} <= set(service["secrets"])
+    return _mosquitto_auth(service), ("TLS, the site's Mosquitto certificate" if tls else "")
+
+
+def _mosquitto_plain(service: dict) -> tuple[str, str]:
+    return _mosquitto_auth(service), ""      # 1883 is plain MQTT: published only on request
+
+
+CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 1883): _mosquitto_plain,
+          ("mosquitto", 8883): _mosquitto_tls}
 
 
 def _check(service_name: str, target: int):
@@ -59,7 +73,7 @@ def _check(service_name: str, target: int):
 
 
 def test_every_stack_publishes_something():
-    assert {(site, target) for site, _, _, target in PUBLISHED} >= {("site-a", 9094), ("site-a", 1883),
+    assert {(site, target) for site, _, _, target in PUBLISHED} >= {("site-a", 9094), ("site-a", 8883),
                                                                      ("datacenter", 9094)}
 
 
@@ -72,18 +86,21 @@ def test_published_port_requires_authentication(site, name, service, target):
     assert auth, f"{site}: {name} publishes port {target} without authentication"
 
 
-def _encryption_cases():
-    for site, name, service, target in PUBLISHED:
-        marks = []
-        if name == "mosquitto":
-            # Not done yet (issue 13, item 4): devices still reach Mosquitto over plaintext MQTT.
-            marks = [pytest.mark.xfail(strict=True, reason="Mosquitto's TLS listener (8883) is not deployed yet")]
-        yield pytest.param(site, name, service, target, marks=marks, id=f"{site}-{name}-{target}")
-
-
-@pytest.mark.parametrize("site, name, service, target", list(_encryption_cases()))
+@pytest.mark.parametrize("site, name, service, target", PUBLISHED,
+                         ids=[f"{s}-{n}-{t}" for s, n, _, t in PUBLISHED])
 def test_published_port_is_encrypted(site, name, service, target):
     check = _check(name, target)
     assert check, f"{site}: {name} publishes port {target}, which no check here covers"
     _, tls = check(service)
     assert tls, f"{site}: {name} publishes port {target} without TLS"
+
+
+def test_plain_mqtt_is_published_only_when_the_inventory_asks():
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    topology = filters.site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    settings = stack_settings()
+    published = {p["target"] for p in render("edge", topology, settings)["services"]["mosquitto"]["ports"]}
+    assert published == {8883}
+    settings["mqtt"] = {**settings["mqtt"], "publish_plaintext": True}
+    published = {p["published"] for p in render("edge", topology, settings)["services"]["mosquitto"]["ports"]}
+    assert published == {settings["mqtt"]["tls_port"], settings["mqtt"]["plaintext_port"]}

@@ -131,22 +131,24 @@ def _example_secrets(host: str = "site-a-1") -> dict:
     from ansible.template import Templar
     hostvars, _ = load_inventory(REPO / "inventory.example")
     templar = Templar(loader=DataLoader(), variables=hostvars[host])
-    names = [*USERS, "stack_mqtt_users", "stack_notifier_webhook_url"]
+    names = [*USERS, "stack_mqtt_users", "stack_mqtt_devices", "stack_notifier_webhook_url"]
     return {name: templar.template(hostvars[host][name]) for name in names if name in hostvars[host]}
 
 
 def test_every_placeholder_of_the_example_inventory_is_refused():
     values = _example_secrets()
     found = filters.secret_refusals({k: values[k] for k in USERS}, users=USERS, mqtt_users=values["stack_mqtt_users"],
-                                    webhook_url=values.get("stack_notifier_webhook_url", ""))
+                                    webhook_url=values.get("stack_notifier_webhook_url", ""),
+                                    mqtt_devices=values["stack_mqtt_devices"])
     assert [m.split(". ")[0] for m in found] == [
         "stack_cassandra_password is a placeholder (it starts with change-me)",
         "stack_cassandra_adapter_password is a placeholder (it starts with change-me)",
         "stack_mqtt_users: the password of user bridge is a placeholder (it starts with change-me)",
-        "stack_mqtt_users: the password of user device is a placeholder (it starts with change-me)",
+        "stack_mqtt_devices: the password of device site-a-press-1 is a placeholder (it starts with change-me)",
+        "stack_mqtt_devices: the password of device site-a-press-2 is a placeholder (it starts with change-me)",
     ]
     # ... and each refusal suggests the vault variable the example inventory already refers to.
-    text = (REPO / "inventory.example/group_vars/all/secrets.yml").read_text()
+    text = "".join(path.read_text() for path in (REPO / "inventory.example/group_vars").glob("*/*.yml"))
     for message in found:
         vault = message.split("--name ")[1].split("`")[0]
         assert f"{{{{ {vault} |" in text, f"{vault} is not what inventory.example refers to"
@@ -215,7 +217,12 @@ def test_lab_secrets_pass_preflight(lab):
     values = yaml.safe_load(lab.secret_group_vars(lab.create_secrets()))
     assert filters.secret_refusals({k: values[k] for k in USERS}, users=USERS,
                                    mqtt_users=values["stack_mqtt_users"]) == []
-    assert set(values["stack_mqtt_users"]) == {"bridge", lab.MQTT_DEVICE_USER}
+    assert set(values["stack_mqtt_users"]) == {"bridge"}
+    for site in ("site-a", "site-b"):
+        devices = lab.device_credentials(site)
+        assert filters.secret_refusals({}, mqtt_devices=devices) == []
+        assert filters.mqtt_device_refusals(devices, values["stack_mqtt_users"]) == []
+        assert len(set(devices.values())) == len(devices) == lab.FLEET_DEVICES + 1
     assert "password" not in lab.LAB_GROUP_VARS          # lab.yml holds sizes only
 
 
@@ -229,3 +236,22 @@ def test_reading_lab_secrets_without_a_lab_is_a_clear_error(lab):
     lab.secrets_path().write_text("{not json")
     with pytest.raises(SystemExit, match="cannot read the lab's secrets"):
         lab.secret("device")
+
+
+@pytest.mark.parametrize("device, why", [
+    ("press/1", "must be 1-64 letters, digits"), ("press+1", "must be 1-64 letters, digits"),
+    ("#", "must be 1-64 letters, digits"), ("a" * 65, "must be 1-64 letters, digits"),
+    ("bridge", "is also in stack_mqtt_users"),
+])
+def test_a_device_id_that_cannot_be_its_own_login_and_topic_segment_is_refused(device, why):
+    (message,) = filters.mqtt_device_refusals({device: GOOD, "press-2": GOOD}, {"bridge": GOOD})
+    assert message.startswith(f"stack_mqtt_devices: device id {device!r} ") and why in message, message
+    assert GOOD not in message
+
+
+def test_each_weak_device_password_is_refused_naming_the_device():
+    device = "site-a-press-0002"
+    (message,) = filters.secret_refusals({}, mqtt_devices={"press-1": GOOD, device: device})
+    assert message.startswith(f"stack_mqtt_devices: the password of device {device} is its user name"), message
+    assert "--name vault_mqtt_site_a_press_0002_password" in message
+    assert f"set stack_mqtt_devices.{device} to" in message

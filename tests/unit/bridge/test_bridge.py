@@ -17,13 +17,13 @@ from services.common.dead_letter import DLQ_VALUE_LIMIT, dead_letter
 from services.common.settings import SettingsError
 from tests.unit.bridge.reference import apply, delivered, known_key
 
-TOPIC = "sites/site-a/sensors/7/temperature"
+TOPIC = "sites/site-a/devices/d1/sensors/7/temperature"
 GOOD = json.dumps({"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"}).encode()
 
 
 @pytest.fixture
 def router():
-    return Router(Mapping.from_dicts(DEFAULT_RULES), "dead-letter", max_payload=1024, site="fallback")
+    return Router(Mapping.from_dicts(DEFAULT_RULES), "dead-letter", max_payload=1024, site="site-a")
 
 
 def _headers(record: OutRecord) -> dict[str, bytes]:
@@ -51,6 +51,18 @@ def test_site_header_falls_back_to_configured_site_without_a_site_segment():
     assert _headers(record)[names.HEADER_SITE] == b"site-b"
 
 
+def test_the_site_is_where_the_device_connected_and_a_topic_naming_another_is_dead_lettered(router):
+    """BRIDGE_SITE is the site whose Mosquitto the device logged into; Mosquitto's ACL already keeps a device
+    under its own site, and the bridge never records a reading as another site's."""
+    foreign = "sites/site-b/devices/d1/sensors/7/temperature"
+    record = router.route(foreign, GOOD, [("site", "site-b")], now_ms=1)
+    assert (record.topic, record.reason) == ("dead-letter", "contract_violation")
+    assert "topic names site 'site-b' but this bridge serves site 'site-a' (BRIDGE_SITE)" in \
+        _headers(record)[names.HEADER_DLQ_REASON].decode()
+    unset = Router(router.mapping, "dead-letter", max_payload=1024, site=None).route(foreign, GOOD, None, now_ms=1)
+    assert (unset.topic, _headers(unset)[names.HEADER_SITE]) == ("temperature-data", b"site-b")
+
+
 @pytest.mark.parametrize(("topic", "payload", "reason", "key"), [
     (TOPIC, b"{nope", "invalid_json", b"7"),
     (TOPIC, b"\xff\xfe\x00garbage", "invalid_json", b"7"),
@@ -58,7 +70,7 @@ def test_site_header_falls_back_to_configured_site_without_a_site_segment():
     (TOPIC, json.dumps({"timestamp": 1, "temperature": "hot", "unit": "C"}).encode(), "contract_violation", b"7"),
     (TOPIC, json.dumps({"temperature": 20, "unit": "C"}).encode(), "contract_violation", b"7"),
     (TOPIC, b" " * 1025, "oversized", b"7"),
-    ("sites/site-a/sensors//temperature", GOOD, "unmapped", b"sites/site-a/sensors//temperature"),
+    ("sites/site-a/devices/d1/sensors//temperature", GOOD, "unmapped", b"sites/site-a/devices/d1/sensors//temperature"),
 ])
 def test_bad_input_becomes_a_dead_letter_record_with_original_bytes_key_and_reason(router, topic, payload, reason,
                                                                                      key):
@@ -70,8 +82,8 @@ def test_bad_input_becomes_a_dead_letter_record_with_original_bytes_key_and_reas
     assert headers[names.HEADER_DLQ_TIME_MS] == b"42"
 
 
-@pytest.mark.parametrize("topic", [TOPIC, "sites/site-b/sensors/x-9/temperature", "sites/site-a/sensors//temperature",
-                                   "other/topic"])
+@pytest.mark.parametrize("topic", [TOPIC, "sites/site-b/devices/d1/sensors/x-9/temperature",
+                                   "sites/site-a/devices/d1/sensors//temperature", "other/topic"])
 def test_dead_letter_key_is_the_key_the_topic_implies_else_the_topic(router, topic):
     record = router.route(topic, b"{nope", None, 1)
     implied = known_key(router.mapping, topic)
@@ -372,7 +384,7 @@ def test_cached_topic_fast_path_maps_exactly_like_mapping_apply(router, payload)
 
 
 def test_non_utf8_topic_dead_letters_as_unmapped(router):
-    topic = b"sites/site-a/sensors/\xff/temp".decode(errors="replace")
+    topic = b"sites/site-a/devices/d1/sensors/\xff/temp".decode(errors="replace")
     record = router.route(topic, GOOD, None, 1)
     assert (record.topic, record.reason) == ("dead-letter", "unmapped")
 

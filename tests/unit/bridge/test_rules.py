@@ -19,24 +19,25 @@ def mapping():
 
 
 def test_subscription_replaces_named_segments_with_plus(mapping):
-    assert mapping.subscriptions() == ["sites/+/sensors/+/temperature"]
+    assert mapping.subscriptions() == ["sites/+/devices/+/sensors/+/temperature"]
 
 
 def test_reading_maps_to_topic_key_and_fills_sensor_id_from_topic(mapping):
-    mapped = apply(mapping, "sites/site-a/sensors/7/temperature", READING)
+    mapped = apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature", READING)
     assert mapped.kafka_topic == "temperature-data"
     assert mapped.key == "7"
     assert mapped.value == {**READING, "sensor_id": "7"}
-    assert mapped.segments == {"site": "site-a", "sensor_id": "7"}
+    assert mapped.segments == {"site": "site-a", "device_id": "d1", "sensor_id": "7"}
 
 
 def test_payload_contradicting_topic_is_a_contract_error(mapping):
     with pytest.raises(ContractError, match="'sensor_id' is '8' but the topic says '7'"):
-        apply(mapping, "sites/site-a/sensors/7/temperature", {**READING, "sensor_id": "8"})
+        apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature", {**READING, "sensor_id": "8"})
 
 
 @pytest.mark.parametrize("topic", [
-    "sites/site-a/sensors/7/humidity", "sites/site-a/sensors/7", "sites//sensors/7/temperature", "other",
+    "sites/site-a/devices/d1/sensors/7/humidity", "sites/site-a/devices/d1/sensors/7",
+    "sites//devices/d1/sensors/7/temperature", "sites/site-a/sensors/7/temperature", "other",
 ])
 def test_unmapped_topic_is_named(mapping, topic):
     with pytest.raises(MappingError, match=f"no mapping rule matches MQTT topic '{topic}'"):

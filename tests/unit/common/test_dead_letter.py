@@ -30,8 +30,9 @@ def test_kafka_sourced_dead_letter_keeps_key_bytes_and_headers_and_says_where_th
 
 
 def test_mqtt_sourced_dead_letter_has_no_offset_and_is_keyed_by_its_topic_without_a_key():
-    record = dead_letter("dead-letter", "sites/a/sensors/7/temperature", None, b"x", "unmapped", "no rule", 1)
-    assert record.key == b"sites/a/sensors/7/temperature"
+    record = dead_letter("dead-letter", "sites/a/devices/d1/sensors/7/temperature", None, b"x", "unmapped",
+                         "no rule", 1)
+    assert record.key == b"sites/a/devices/d1/sensors/7/temperature"
     assert [k for k, _ in record.headers] == [names.HEADER_DLQ_SOURCE, names.HEADER_DLQ_REASON,
                                               names.HEADER_DLQ_TIME_MS]
 

@@ -1,6 +1,8 @@
 """services.common.settings: one table of Options read from flags, the environment and secret files."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.adapter import settings as adapter_settings
@@ -172,11 +174,14 @@ def test_every_option_of_every_program_has_help_text_and_an_environment_variable
         assert (option.name if option.secret else option.flag) in text, (program, option.name)
 
 
-def test_tools_read_their_settings_from_the_environment_too(monkeypatch):
+def test_tools_read_their_settings_from_the_environment_too(monkeypatch, tmp_path):
+    (tmp_path / "creds").write_text(json.dumps({f"site-z-dev-{n}": "pw" for n in range(1, 6)}))
     monkeypatch.setenv("SIMULATOR_SITE", "site-z")
     monkeypatch.setenv("SIMULATOR_RATE", "250")
+    monkeypatch.setenv("SIMULATOR_CREDENTIALS_FILE", str(tmp_path / "creds"))
+    monkeypatch.setenv("SIMULATOR_PLAINTEXT", "true")
     args = simulator.parse_args(["--count", "1"])
-    assert (args.site, args.rate, args.count) == ("site-z", 250.0, 1)
+    assert (args.site, args.rate, args.count, args.port, args.ca_file) == ("site-z", 250.0, 1, 1883, None)
     monkeypatch.setenv("TOPICS_BOOTSTRAP", "k:9092")
     args = topics.parse_args(["ensure", "--spec", "[]", "--replication", "2"])
     assert (args.bootstrap, args.spec, args.replication, args.min_insync) == ("k:9092", "[]", 2, 1)
@@ -195,16 +200,29 @@ def test_a_bad_variable_of_a_tool_is_a_usage_error_naming_it(monkeypatch, capsys
     assert "usage: iot-simulator" in err and "SIMULATOR_PORT='mqtt' is not a valid int" in err
 
 
-def test_simulator_password_comes_from_password_file_else_the_mqtt_password_secret(tmp_path, monkeypatch, capsys):
-    path = tmp_path / "pw"
-    path.write_text("from-flag\n")
-    args = simulator.parse_args(["--site", "a", "--username", "u", "--password-file", str(path)])
-    assert args.password == "from-flag"
-    (tmp_path / "mqtt_password").write_text("from-secret\n")
+def test_simulator_logs_each_device_in_from_the_credentials_file_else_the_secret_over_tls(tmp_path, monkeypatch,
+                                                                                          capsys):
+    fleet = {"a-dev-1": "pw-1", "a-dev-2": "pw-2"}
+    (tmp_path / "creds").write_text(json.dumps(fleet))
+    (tmp_path / "ca.pem").write_text("a CA")
+    args = simulator.parse_args(["--site", "a", "--devices", "2", "--credentials-file", str(tmp_path / "creds"),
+                                 "--ca-file", str(tmp_path / "ca.pem")])
+    assert (args.credentials, args.port, args.ca_file) == (fleet, 8883, str(tmp_path / "ca.pem"))
+    # Unset: the secrets mqtt_credentials and mqtt_ca.pem, as the lab mounts them.
+    (tmp_path / "mqtt_credentials").write_text(json.dumps(fleet))
+    (tmp_path / "mqtt_ca.pem").write_text("a CA")
     monkeypatch.setattr(settings, "SECRETS_DIR", tmp_path)
-    monkeypatch.delenv("MQTT_PASSWORD_FILE", raising=False)
-    assert simulator.parse_args(["--site", "a", "--username", "u"]).password == "from-secret"
-    with pytest.raises(SystemExit) as exit_info:
-        simulator.parse_args(["--site", "a", "--username", "u", "--password-file", str(tmp_path / "missing")])
-    assert exit_info.value.code == 2
-    assert "--password-file (MQTT_PASSWORD_FILE)" in capsys.readouterr().err
+    monkeypatch.delenv("SIMULATOR_CREDENTIALS_FILE", raising=False)
+    monkeypatch.delenv("SIMULATOR_CA_FILE", raising=False)
+    args = simulator.parse_args(["--site", "a", "--devices", "2"])
+    assert (args.credentials, args.ca_file) == (fleet, str(tmp_path / "mqtt_ca.pem"))
+    for argv, error in [
+        (["--devices", "3"], "the credentials file has no password for devices a-dev-3"),
+        (["--credentials-file", str(tmp_path / "missing")], "--credentials-file (SIMULATOR_CREDENTIALS_FILE)"),
+        (["--credentials-file", str(tmp_path / "ca.pem")], "is not JSON"),
+        (["--ca-file", str(tmp_path / "missing")], "--ca-file (SIMULATOR_CA_FILE)"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            simulator.parse_args(["--site", "a", "--devices", "2", *argv])
+        assert exit_info.value.code == 2
+        assert error in capsys.readouterr().err

@@ -114,8 +114,8 @@ def test_disconnect_encoding():
 # ------------------------------------------------------------------ decoding
 
 def test_publish_without_properties(session):
-    assert session.feed(_publish("sites/a/sensors/1/temperature", b'{"t":1}', mid=42), 100) == 1
-    assert session.rec.messages == [("sites/a/sensors/1/temperature", b'{"t":1}', 42, 1, None)]
+    assert session.feed(_publish("sites/a/devices/d1/sensors/1/temperature", b'{"t":1}', mid=42), 100) == 1
+    assert session.rec.messages == [("sites/a/devices/d1/sensors/1/temperature", b'{"t":1}', 42, 1, None)]
 
 
 def test_publish_with_properties_keeps_user_properties_in_order_and_skips_the_rest(session):

@@ -16,7 +16,7 @@ def test_fleet_ids_are_stable_and_hot_sensors_come_first():
     assert [s.sensor_id for s in sensors] == [
         "site-a-dev-1-s1", "site-a-dev-1-s2", "site-a-dev-2-s1", "site-a-dev-2-s2"]
     assert [s.hot for s in sensors] == [True, False, False, False]
-    assert sensors[0].mqtt_topic == "sites/site-a/sensors/site-a-dev-1-s1/temperature"
+    assert sensors[0].mqtt_topic == "sites/site-a/devices/site-a-dev-1/sensors/site-a-dev-1-s1/temperature"
 
 
 def test_temperature_approaches_target_from_base():
@@ -116,6 +116,8 @@ def test_registrar_without_source_prints_usage(capsys):
     assert "usage: iot-registrar" in capsys.readouterr().err
 
 
-def test_simulator_with_count_only_runs_until_the_count():
-    args = simulator.parse_args(["--site", "a", "--count", "5"])
+def test_simulator_with_count_only_runs_until_the_count(tmp_path):
+    (tmp_path / "creds").write_text(json.dumps({f"a-dev-{n}": "pw" for n in range(1, 6)}))
+    args = simulator.parse_args(["--site", "a", "--count", "5", "--credentials-file", str(tmp_path / "creds"),
+                                 "--plaintext"])
     assert args.count == 5 and args.duration == float("inf")
