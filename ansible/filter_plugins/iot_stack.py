@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import ipaddress
 import re
 import tomllib
@@ -198,17 +199,23 @@ def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str]
 MQTT_DEVICE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def mosquitto_passwd(users: dict, site_alias: str, iterations: int = 101) -> str:
-    """A Mosquitto 2 password file ($7$: PBKDF2-SHA512), deterministic so reruns change nothing.
+def mosquitto_passwd(users: dict, site_alias: str, salt_key: str, iterations: int = 101) -> str:
+    """A Mosquitto 2 password file ($7$: PBKDF2-SHA512, mosquitto_passwd's iterations), stable so
+    reruns change nothing.
 
-    The salt is derived from site, user and password: unique per entry, as a salt
-    must be, yet stable between runs (mosquitto_passwd would pick a new one)."""
+    Each salt is an HMAC, keyed by `salt_key` (random per deployment, kept on the controller by the
+    pki role), of site, user and password: unique per entry and unpredictable without the key, as a
+    random salt is, yet the same on every run (mosquitto_passwd would pick a new one each time,
+    renewing the secret and restarting Mosquitto)."""
+    if len(str(salt_key)) < 32:
+        _fail("mosquitto_passwd: the salt key must be at least 32 characters (the pki role's mosquitto-salt.key)")
     lines = []
     for user in sorted(users):
         password = str(users[user])
         if ":" in user or not user:
             _fail(f"mqtt_users: user name {user!r} must be non-empty and contain no ':'")
-        salt = hashlib.sha256(f"{site_alias}:{user}:{password}".encode()).digest()[:12]
+        entry = f"{site_alias}:{user}:{password}".encode()
+        salt = hmac.new(str(salt_key).encode(), entry, hashlib.sha256).digest()[:12]
         digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
         lines.append(f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}")
     return "\n".join(lines) + "\n"

@@ -60,7 +60,7 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     tmp_path, *_ = runs
     pki = tmp_path / "pki"
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
-    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key"):
+    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key", "mosquitto-salt.key"):
         key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
 
@@ -106,3 +106,4 @@ def test_second_run_changes_nothing(runs):
     assert "changed=0" not in first.stdout.split("PLAY RECAP")[1]
     assert "changed=0 " in second.stdout.split("PLAY RECAP")[1], second.stdout[-2000:]
     assert (tmp_path / "pki/ca.crt").read_bytes() == ca_before
+    assert len((tmp_path / "pki/mosquitto-salt.key").read_text().strip()) == 43    # made once, random

@@ -86,9 +86,13 @@ def test_node_labels_and_images_follow_the_host_variables():
     assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "services", "spark"]
 
 
-def test_mosquitto_password_file_is_stable_and_salted_per_user():
-    first = filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a")
-    assert first == filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a")
+def test_mosquitto_password_file_is_stable_and_salted_per_user_with_the_deployments_key():
+    key, other_key = "k" * 43, "o" * 43
+    first = filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", key)
+    assert first == filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", key)
+    assert first != filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", other_key)
+    with pytest.raises(Exception, match="salt key must be at least 32 characters"):
+        filters.mosquitto_passwd({"bridge": "pw"}, "site-a", "short")
     lines = first.splitlines()
     assert [line.split(":")[0] for line in lines] == ["bridge", "device"]
     assert lines[0].split(":")[1] != lines[1].split(":")[1], "same password must not give the same hash"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import secrets as random_secrets
 from pathlib import Path
 
 import jinja2
@@ -41,7 +42,7 @@ def start_site_mosquitto(lab: Lab, secrets: Path, users: dict[str, str], site: s
                         re.DOTALL)
     (secrets / "mosquitto_tls_key").write_text(blocks[0])
     (secrets / "mosquitto_tls_cert").write_text("".join(blocks[1:]))
-    (secrets / "mosquitto_passwd").write_text(iot_stack.mosquitto_passwd(users, site))
+    (secrets / "mosquitto_passwd").write_text(iot_stack.mosquitto_passwd(users, site, random_secrets.token_urlsafe(32)))
     (secrets / "acl").write_text(site_acl(site))
     for path in secrets.iterdir():
         path.chmod(0o644)                # the container's uid 1000 reads them (test secrets only)
