@@ -245,6 +245,31 @@ def ssh_key() -> Path:
     return key
 
 
+def known_hosts(hosts: list[LabHost]) -> Path:
+    """<lab>/known_hosts: each host's SSH host key, read from the host itself (not trusted on first use),
+    so Ansible checks host keys in the lab as in production (ansible.cfg host_key_checking)."""
+    lines = []
+    for host in hosts:
+        deadline = time.monotonic() + 60          # the host's init makes its keys when it starts
+        while True:
+            key = host_exec(host, "cat", "/etc/ssh/ssh_host_ed25519_key.pub", check=False, timeout=30)
+            if key.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        if key.returncode != 0:
+            raise SystemExit(f"lab: {host.name} has no SSH host key: {key.stderr.strip()}")
+        kind, value = key.stdout.split()[:2]
+        lines.append(f"{host_ip(host)} {kind} {value}")
+    path = lab_dir() / "known_hosts"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def ssh_options(hosts: list[LabHost]) -> str:
+    """ssh options of the lab's Ansible and tests: its key file of known hosts, checked strictly."""
+    return f"-o UserKnownHostsFile={known_hosts(hosts)} -o StrictHostKeyChecking=yes"
+
+
 def host_ip(host: LabHost) -> str:
     fmt = "{{ (index .NetworkSettings.Networks \"" + NETWORK + "\").IPAddress }}"
     return run("docker", "inspect", "-f", fmt, host.container).stdout.strip()
@@ -317,7 +342,8 @@ def write_inventory(hosts: list[LabHost]) -> Path:
     for group, entries in groups.items():
         lines += [f"[{group}]", *entries, ""]
     lines += ["[edge:children]", *[g for g in groups if g != "datacenter"], "",
-              "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}", ""]
+              "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}",
+              f"ansible_ssh_common_args='{ssh_options(hosts)}'", ""]
     (inventory / "hosts.ini").write_text("\n".join(lines))
     (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS)
     _write_private(inventory / "group_vars" / "all" / "secrets.yml", secret_group_vars(values))

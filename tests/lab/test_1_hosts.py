@@ -25,7 +25,7 @@ SERVICES = {
 def host_of(lab_hosts):
     """testinfra hosts over SSH with the lab's key, as an operator would log in."""
     cache = {}
-    extra = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    extra = f"{lab.ssh_options(list(lab_hosts))} -o LogLevel=ERROR"      # host keys checked, as Ansible does
 
     def connect(name: str):
         if name not in cache:
