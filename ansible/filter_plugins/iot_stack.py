@@ -208,7 +208,7 @@ def mosquitto_passwd(users: dict, site_alias: str, salt_key: str, iterations: in
     random salt is, yet the same on every run (mosquitto_passwd would pick a new one each time,
     renewing the secret and restarting Mosquitto)."""
     if len(str(salt_key)) < 32:
-        _fail("mosquitto_passwd: the salt key must be at least 32 characters (the pki role's mosquitto-salt.key)")
+        _fail("mosquitto_passwd: the salt key must be at least 32 characters (the pki role's password-salt.key)")
     lines = []
     for user in sorted(users):
         password = str(users[user])
@@ -219,6 +219,22 @@ def mosquitto_passwd(users: dict, site_alias: str, salt_key: str, iterations: in
         digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
         lines.append(f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}")
     return "\n".join(lines) + "\n"
+
+
+_BCRYPT_B64 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+                            "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def registry_htpasswd(user: str, password: str, salt_key: str) -> str:
+    """One line of the site registry's htpasswd file (bcrypt, which Distribution requires), stable so
+    reruns change nothing: the salt is an HMAC of user and password keyed by `salt_key`, as in
+    mosquitto_passwd."""
+    import bcrypt  # the controller's venv (pyproject, deploy); imported here, only when used
+    if len(str(salt_key)) < 32:
+        _fail("registry_htpasswd: the salt key must be at least 32 characters")
+    raw = hmac.new(str(salt_key).encode(), f"{user}:{password}".encode(), hashlib.sha256).digest()[:16]
+    salt = base64.b64encode(raw).decode()[:22].translate(_BCRYPT_B64)
+    return f"{user}:{bcrypt.hashpw(str(password).encode(), f'$2b$10${salt}'.encode()).decode()}\n"
 
 
 # ---------------------------------------------------------------- kafka access
@@ -409,6 +425,7 @@ class FilterModule:
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
+                "registry_htpasswd": registry_htpasswd,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls}

@@ -7,6 +7,7 @@ master and worker started from the same image.
 from __future__ import annotations
 
 import json
+import secrets as secrets_module
 import time
 import urllib.request
 import uuid
@@ -69,13 +70,19 @@ def consume_all(cluster, topic: str, count: int, timeout: float = 60) -> list[tu
     return seen
 
 
+def start_job(lab, name: str, cluster, topic_in: str, topic_out: str, *submit_args: str,
+              env: dict[str, str] | None = None, volumes: dict[str, str] | None = None) -> str:
+    """Start the smoke job with the image's `submit` role; returns the container's name."""
+    return lab.run("spark", name, "submit", *submit_args, JOB_IN_CONTAINER,
+                   "--bootstrap", cluster.internal, "--input", topic_in, "--output", topic_out,
+                   "--checkpoint", f"/var/lib/spark/checkpoints/{topic_in}",
+                   env=env, volumes={str(JOB): f"{JOB_IN_CONTAINER}:ro", **(volumes or {})}, memory="2g")
+
+
 def run_job_to_completion(lab, name: str, cluster, topic_in: str, topic_out: str, *submit_args: str,
-                          env: dict[str, str] | None = None) -> None:
-    """Start the smoke job with the image's `submit` role and wait for the driver to exit 0."""
-    cname = lab.run("spark", name, "submit", *submit_args, JOB_IN_CONTAINER,
-                    "--bootstrap", cluster.internal, "--input", topic_in, "--output", topic_out,
-                    "--checkpoint", f"/var/lib/spark/checkpoints/{topic_in}",
-                    env=env, volumes={str(JOB): f"{JOB_IN_CONTAINER}:ro"}, memory="2g")
+                          env: dict[str, str] | None = None, volumes: dict[str, str] | None = None) -> None:
+    """Start the smoke job and wait for the driver to exit 0."""
+    cname = start_job(lab, name, cluster, topic_in, topic_out, *submit_args, env=env, volumes=volumes)
     wait_until(f"spark job {name} to finish",
                lambda: docker("inspect", "-f", "{{.State.Running}}", cname).stdout.strip() == "false",
                timeout=JOB_TIMEOUT, interval=2, on_timeout=lambda: lab.logs(name, tail=200))
@@ -109,15 +116,24 @@ def test_streaming_query_in_local_mode_moves_kafka_records_through_the_connector
     assert_exact_output(cluster, topic_out)
 
 
-def test_streaming_query_submitted_to_standalone_master_and_worker_moves_kafka_records(lab, cluster):
+def test_streaming_query_submitted_to_standalone_master_and_worker_moves_kafka_records(lab, cluster, tmp_path):
+    """As a site runs Spark in cluster mode: master, worker and job share the site's secret
+    (spark.authenticate, RPC encrypted); a job without it is refused by the master."""
     topic_in, topic_out = f"cluster-in-{uuid.uuid4().hex[:6]}", f"cluster-out-{uuid.uuid4().hex[:6]}"
     create_topics(cluster, topic_in, topic_out)
     produce_readings(cluster, topic_in)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o755)
+    (secrets / "spark_auth_secret").write_text(secrets_module.token_hex(24) + "\n")
+    (secrets / "spark_auth_secret").chmod(0o644)          # the container's uid 1000 reads it (a test secret)
+    auth = {"SPARK_AUTHENTICATE_SECRET_FILE": "/run/secrets/spark_auth_secret"}
+    mount = {str(secrets): "/run/secrets:ro"}
 
     ui_port = free_port()
-    lab.run("spark", "spark-master", "master", ports={ui_port: 8080}, memory="1g")
-    lab.run("spark", "spark-worker", "worker", memory="2g", env={
-        "SPARK_MASTER_URL": "spark://spark-master:7077", "SPARK_WORKER_CORES": "2", "SPARK_WORKER_MEMORY": "1g"})
+    lab.run("spark", "spark-master", "master", ports={ui_port: 8080}, memory="1g", env=auth, volumes=mount)
+    lab.run("spark", "spark-worker", "worker", memory="2g", volumes=mount, env={
+        "SPARK_MASTER_URL": "spark://spark-master:7077", "SPARK_WORKER_CORES": "2", "SPARK_WORKER_MEMORY": "1g",
+        **auth})
 
     def master_state() -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
@@ -128,8 +144,18 @@ def test_streaming_query_submitted_to_standalone_master_and_worker_moves_kafka_r
 
     run_job_to_completion(lab, "spark-cluster-job", cluster, topic_in, topic_out,
                           "--conf", "spark.executor.memory=768m",
-                          env={"SPARK_MASTER_URL": "spark://spark-master:7077"})
+                          env={"SPARK_MASTER_URL": "spark://spark-master:7077", **auth}, volumes=mount)
     assert_exact_output(cluster, topic_out)
     # The records went through an executor on the worker, not a local driver.
     completed = [app["name"] for app in master_state()["completedapps"]]
     assert f"smoke-{topic_in}" in completed, (completed, lab.logs("spark-worker"))
+
+    # Without the secret the master does not let the driver in: it never becomes an application.
+    start_job(lab, "spark-intruder-job", cluster, topic_in, f"intruder-{topic_out}",
+              "--conf", "spark.executor.memory=768m", env={"SPARK_MASTER_URL": "spark://spark-master:7077"})
+    wait_until("the driver without the secret to fail to connect to the master",
+               lambda: "Failed to connect to master" in lab.logs("spark-intruder-job", tail=400),
+               timeout=JOB_TIMEOUT, interval=2, on_timeout=lambda: lab.logs("spark-intruder-job", tail=200))
+    state = master_state()
+    assert f"smoke-{topic_in}" not in [app["name"] for app in state["activeapps"]], state["activeapps"]
+    assert [app["name"] for app in state["completedapps"]].count(f"smoke-{topic_in}") == 1

@@ -79,6 +79,7 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
     declared = stack_vars()["__stack_files"][tier]
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
+    pki += ["spark_auth_secret"]
     files = filters.stack_files({"configs": dict.fromkeys(declared["configs"], "c"),
                                  "secrets": dict.fromkeys([*declared["secrets"], *pki], "s")}, "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(

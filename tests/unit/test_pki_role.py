@@ -60,7 +60,8 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     tmp_path, *_ = runs
     pki = tmp_path / "pki"
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
-    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key", "mosquitto-salt.key"):
+    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key",
+                 "site-a/spark-auth.secret"):
         key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
 
@@ -69,7 +70,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
     assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore",
-                            "mosquitto_tls_cert", "mosquitto_tls_key"}
+                            "mosquitto_tls_cert", "mosquitto_tls_key", "spark_auth_secret"}
+    assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
         pem = secrets[f"kafka_{kafka['id']}_keystore"]
@@ -106,4 +108,4 @@ def test_second_run_changes_nothing(runs):
     assert "changed=0" not in first.stdout.split("PLAY RECAP")[1]
     assert "changed=0 " in second.stdout.split("PLAY RECAP")[1], second.stdout[-2000:]
     assert (tmp_path / "pki/ca.crt").read_bytes() == ca_before
-    assert len((tmp_path / "pki/mosquitto-salt.key").read_text().strip()) == 43    # made once, random
+    assert len((tmp_path / "pki/password-salt.key").read_text().strip()) == 43    # made once, random

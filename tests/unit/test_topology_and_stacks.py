@@ -7,7 +7,7 @@ from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
-from tests.unit.stack_render import REPO, filters, group_vars, render
+from tests.unit.stack_render import REPO, filters, group_vars, render, stack_settings
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -210,3 +210,34 @@ def test_one_overlay_network_name_for_roles_and_stacks(example):
         stack = render(tier, filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
         assert stack["networks"] == {"iot": {"external": True}}
         assert {name: s["networks"] for name, s in _services(stack).items()} == dict.fromkeys(_services(stack), ["iot"])
+
+
+@pytest.mark.parametrize("group, tier", [("site_a", "edge"), ("datacenter", "datacenter")])
+def test_spark_in_cluster_mode_authenticates_every_daemon_and_job_with_the_sites_secret(example, group, tier):
+    hostvars, groups = example
+    topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
+    settings = stack_settings()
+    assert settings["spark"]["mode"] == "cluster"                 # the default
+    services = _services(render(tier, topology, settings))
+    spark = {name: s for name, s in services.items() if s["image"].startswith("iot-stack/spark:")}
+    assert {"spark-master", "spark-worker"} < set(spark) and len(spark) > 2
+    for name, service in spark.items():
+        assert service["environment"]["SPARK_AUTHENTICATE_SECRET_FILE"] == "/run/secrets/spark_auth_secret", name
+        assert "spark_auth_secret" in service["secrets"], name
+    settings["spark"] = {**settings["spark"], "mode": "local"}    # jobs in their own drivers: no Spark RPC
+    local = _services(render(tier, topology, settings))
+    assert "spark-master" not in local
+    for job in (name for name in spark if name in local):
+        assert "SPARK_AUTHENTICATE_SECRET_FILE" not in local[job]["environment"], job
+
+
+def test_registry_htpasswd_is_bcrypt_stable_and_checks_the_password():
+    import bcrypt
+    key = "k" * 43
+    line = filters.registry_htpasswd("iot", "the-registry-password", key)
+    assert line == filters.registry_htpasswd("iot", "the-registry-password", key)      # reruns change nothing
+    user, hashed = line.rstrip("\n").split(":", 1)
+    assert user == "iot" and hashed.startswith("$2b$10$")
+    assert bcrypt.checkpw(b"the-registry-password", hashed.encode())
+    assert not bcrypt.checkpw(b"another-password", hashed.encode())
+    assert hashed != filters.registry_htpasswd("iot", "the-registry-password", "o" * 43).split(":", 1)[1].strip()
