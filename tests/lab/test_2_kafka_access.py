@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth, names
@@ -89,3 +89,25 @@ def test_the_relay_cannot_see_or_read_a_topic_that_is_not_relayed(bootstrap):
         assert not records, f"the relay read {len(records)} readings of {topic}"
     finally:
         consumer.close()
+
+
+def test_mirrormaker_syncs_the_sites_adapter_offsets_to_the_datacenter_through_the_relays_acls(lab_hosts):
+    """The relay may only DESCRIBE <site>-cassandra-adapter at the site; with that, MirrorMaker's
+    checkpoint connector lists the group's offsets and writes them, translated, into the same-named
+    group at the datacenter (sync.group.offsets). Records arriving do not show this: a denied group
+    would only be logged by MirrorMaker. The site's adapter has committed offsets on the threshold
+    events by now (test_2_end_to_end published a hot sensor's)."""
+    group = f"{SITE}-{names.CONSUMER_GROUPS['adapter']}"
+    relayed = f"{SITE}.{names.THRESHOLD_EVENTS}"
+    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(lab.site_managers(lab_hosts)['datacenter'])}:9094"))
+
+    def synced() -> list:
+        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=15)
+        return [tp for tp in offsets.topic_partitions if tp.topic == relayed and tp.offset > 0]
+
+    deadline = time.monotonic() + 300          # checkpoints are emitted once a minute (MM2's default)
+    found = synced()
+    while not found and time.monotonic() < deadline:
+        time.sleep(10)
+        found = synced()
+    assert found, f"no offsets of {group} on {relayed} reached the datacenter"
