@@ -1,0 +1,104 @@
+"""The bridge with paho-mqtt as its MQTT client: the contender `scripts/bench bridge` runs against the
+bridge's own client (services.mqtt.session), to check the claim that made the project write one.
+
+Everything but the MQTT client is the real bridge (services.bridge.app.Bridge): the same Router,
+late-ack Window, idempotent producer, delivery reports and loop. paho-mqtt 2.x is used the way its
+documentation shows for a consumer that acks late: `manual_ack_set(True)`, its own network thread
+(`loop_start`), `ack(mid, qos)` once Kafka has the record. Its callbacks run on that thread, so
+they only hand events to the bridge's loop thread through a queue; the bridge then handles them
+exactly as it handles its own client's. Receive Maximum is the window, as in the bridge, so the
+broker never has more unacked messages out than the window holds.
+
+Bench-only: not part of the services package and not shipped in an image.
+"""
+from __future__ import annotations
+
+import queue
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from services.bridge.app import READ_BATCH, Bridge
+from services.bridge.settings import BridgeSettings
+
+
+class PahoSession:
+    """The calls the bridge makes on its MQTT client, served by paho-mqtt; paho's callbacks become
+    events (tuples) in `events` for the bridge's thread."""
+
+    def __init__(self, s: BridgeSettings, events: queue.SimpleQueue):
+        self.s, self.started = s, False
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=MQTTProtocolVersion.MQTTv5)
+        client.manual_ack_set(True)
+        if s.mqtt_username:
+            client.username_pw_set(s.mqtt_username, s.mqtt_password)
+        client.on_connect = lambda _c, _u, flags, rc, _p: events.put(("connect", flags.session_present, rc.value))
+        client.on_subscribe = lambda _c, _u, mid, codes, _p: events.put(("suback", mid, [c.value for c in codes]))
+        client.on_unsubscribe = lambda *_: None
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: events.put(("disconnect", str(rc)))
+        client.on_message = lambda _c, _u, m: events.put(
+            ("message", m.topic, m.payload, m.mid, m.qos, getattr(m.properties, "UserProperty", None)))
+        self.paho = client
+
+    def connect(self) -> None:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.s.session_expiry_s
+        props.ReceiveMaximum = self.s.window
+        self.paho.connect(self.s.mqtt_host, self.s.mqtt_port, self.s.keepalive_s, clean_start=False,
+                          properties=props)
+        self.paho.loop_start()
+        self.started = True
+
+    def subscribe(self, filters: list[str], qos: int = 1) -> int:
+        return self.paho.subscribe([(f, qos) for f in filters])[1]
+
+    def unsubscribe(self, filters: list[str]) -> int:
+        return self.paho.unsubscribe(filters)[1]
+
+    def ack(self, mid: int) -> None:
+        self.paho.ack(mid, 1)
+
+    def write(self) -> None:
+        """paho sends each PUBACK itself, from ack()."""
+
+    def disconnect(self) -> None:
+        if self.started:
+            self.paho.disconnect()
+            self.paho.loop_stop()
+
+
+class PahoBridge(Bridge):
+    """The bridge, with paho-mqtt in place of services.mqtt.session."""
+
+    def _mqtt_client(self) -> PahoSession:        # type: ignore[override]
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        return PahoSession(self.s, self.events)
+
+    def _io(self, read: bool, timeout: float) -> None:
+        if not self.client.started:
+            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
+                self._reconnect()
+            time.sleep(min(timeout, 0.05))
+            return
+        if read and self.window.room() == 0:
+            return                                # only Kafka can make progress; run() waits in poll
+        wait: float | None = timeout
+        for _ in range(READ_BATCH):
+            try:
+                kind, *args = self.events.get(timeout=wait) if wait else self.events.get_nowait()
+            except queue.Empty:
+                return
+            wait = None                           # only the first event is waited for
+            if kind == "message":
+                self._on_message(*args)
+            elif kind == "connect":
+                self._on_connect(args[0], args[1], {})
+            elif kind == "suback":
+                self._on_subscribe(*args)
+            else:
+                self._on_disconnect(*args)
+            if read and self.window.room() == 0:
+                return
