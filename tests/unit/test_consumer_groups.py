@@ -170,6 +170,12 @@ def test_group_offsets_are_synced(mm2):
     assert mm2["sync.group.offsets.enabled"] == "true" and mm2["emit.checkpoints.enabled"] == "true"
 
 
+def test_a_sites_adapter_group_made_after_mirrormaker_started_is_found_within_a_minute(mm2):
+    # MM2 looks for new groups every 600 s by default: on a first deploy the adapter's group does not
+    # exist yet when MirrorMaker starts, and the lab saw its offsets reach the datacenter 10 min late.
+    assert int(mm2["refresh.groups.interval.seconds"]) <= 60
+
+
 @pytest.mark.parametrize("flow", FLOWS)
 def test_no_datacenter_group_is_ever_synced(mm2, example, flow):
     # The groups the datacenter's services run in today, and any future "<datacenter>-<service>" group.
