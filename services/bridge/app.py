@@ -11,9 +11,10 @@ MQTT client
   rather than paho: paho's per-message cost (a message, properties and info object
   per PUBLISH, one packet per read call, one socket write per PUBACK) held this
   same bridge to 16k msg/s against 68k with the lean client on 2 cores
-  (`scripts/bench bridge`, whose paho contender is tooling/paho_bridge.py). The lean client reads 256 KiB at a time, parses
-  every complete packet in the buffer, hands each PUBLISH over as plain values and
-  sends all PUBACKs of a loop turn in one write. The hot path around it caches per
+  (`scripts/bench bridge`, whose paho contender is tooling/paho_bridge.py). The
+  lean client reads 256 KiB at a time, parses every complete packet in the buffer,
+  hands each PUBLISH over as plain values and sends all PUBACKs of a loop turn in
+  one write. The hot path around it caches per
   topic what the topic implies (rule, key, site, headers: routing.Router)
   and counts metrics in plain ints, pushed to Prometheus once per loop turn.
 
