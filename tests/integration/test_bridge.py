@@ -19,7 +19,7 @@ from paho.mqtt.properties import Properties
 
 from services.common import names
 from tooling.testbed.docker_lab import docker, free_port, mosquitto_password_file, wait_until
-from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.kafka_cluster import create_topics, metadata_errors, start_kafka_cluster
 
 SITE = "site-a"
 DEVICE, DEVICE_PW = "device", "device-pw"
@@ -288,6 +288,11 @@ def test_kafka_down_for_30s_mid_stream_loses_nothing(stack):
         time.sleep(30)
         wait_until("bridge reports Kafka gone", lambda: _health(stack)[0] == 503, timeout=60)
         docker("start", stack["broker"])
+        # Reading the result back needs the broker up again; on a loaded machine its restart took
+        # minutes (CI: the consumer below read nothing for 300 s, the next test read fine).
+        wait_until("the broker answering again", lambda: metadata_errors({"bootstrap.servers": stack["kafka"]}) == [],
+                   timeout=300, interval=5,
+                   on_timeout=lambda: stack["lab"].logs("kafka", tail=80) + stack["lab"].logs("zookeeper", tail=40))
 
     _stream_through_disruption(stack, "outage", 3000, outage)
     wait_until("bridge healthy again", lambda: _health(stack)[0] == 200, timeout=120)
