@@ -90,18 +90,24 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
 def render_mm2(hostvars: dict, groups: dict, datacenter_group: str = "datacenter", **overrides) -> str:
     """ansible/roles/stack/templates/mm2.properties.j2 as the stack role renders it on the datacenter's manager:
     the role's defaults and vars under the datacenter host's inventory variables, then `overrides`."""
+    return render_role_template("mm2.properties.j2", hostvars, groups, datacenter_group, "datacenter", **overrides)
+
+
+def render_role_template(name: str, hostvars: dict, groups: dict, group: str, tier: str, **overrides) -> str:
+    """One of ansible/roles/stack/templates as the stack role renders it on `group`'s manager: the role's
+    defaults and vars under the first host's inventory variables, then `overrides`."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "ansible/roles/stack/templates"),
                              undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters.update(CoreFilters().filters())
     env.filters.update(filters.FilterModule().filters())
-    host = groups[datacenter_group][0]
-    alias = hostvars[host].get("site_alias") or datacenter_group.replace("_", "-")
+    host = groups[group][0]
+    alias = hostvars[host].get("site_alias") or group.replace("_", "-")
     context = {**stack_defaults(), "__stack_consumer_groups": stack_vars()["__stack_consumer_groups"],
                **group_vars(), **hostvars[host], "hostvars": hostvars, "groups": groups,
-               "iot_site_alias": alias, "ansible_managed": "test",
-               "iot_topology": filters.site_topology(hostvars, groups[datacenter_group], alias, "datacenter"),
+               "iot_site_alias": alias, "iot_tier": tier, "ansible_managed": "test",
+               "iot_topology": filters.site_topology(hostvars, groups[group], alias, tier),
                **overrides}
-    return env.get_template("mm2.properties.j2").render(context)
+    return env.get_template(name).render(context)
 
 
 def properties(text: str) -> dict[str, str]:
