@@ -15,6 +15,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.adapter.schema import utc_day
+from tests.unit.stack_render import REPO, render_role_template, stack_defaults
+from tests.unit.test_topology_and_stacks import load_inventory
 from tooling.testbed.cassandra_node import restart, start_cassandra
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
@@ -215,3 +217,49 @@ def test_adapter_on_sigterm_finishes_writes_commits_only_written_records_and_exi
         assert 0 < committed <= _row_count(session, records)
     finally:
         session.cluster.shutdown()
+
+
+
+def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_inventory_relays_them(stack, tmp_path):
+    """A datacenter adapter with the mappings the stack role renders when `temperature-data` is in
+    stack_relay_topics reads the mirrored `<site>.temperature-data` and writes each reading under the
+    site it came from (its `site` header, which MirrorMaker copies along)."""
+    lab, kafka, cassandra, session = stack
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    relayed = [*stack_defaults()["stack_relay_topics"], TOPIC]
+    mappings = tmp_path / "dc-mappings.toml"
+    mappings.write_text(render_role_template("adapter-mappings.toml.j2", hostvars, groups, "datacenter", "datacenter",
+                                             stack_relay_topics=relayed))
+    mappings.chmod(0o644)
+    tmp_path.chmod(0o755)
+    mirrored, keyspace = f"site-a.{TOPIC}", "itest_dc"
+    create_topics(kafka, mirrored, partitions=PARTITIONS)
+    lab.run("services", "dc-adapter", "iot-cassandra-adapter", memory="384m",
+            volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro"}, env={
+                "ADAPTER_KAFKA_BOOTSTRAP": kafka.internal, "ADAPTER_CASSANDRA_HOSTS": cassandra.internal,
+                "ADAPTER_CASSANDRA_LOCAL_DC": "dc1", "ADAPTER_GROUP_ID": "datacenter-cassandra-adapter",
+                "ADAPTER_KEYSPACE": keyspace, "ADAPTER_REPLICATION": "dc1:1",
+                "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
+    try:
+        wait_until("the datacenter adapter created its readings table", lambda: session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
+            (keyspace, "temperature_readings")).one() is not None,
+            timeout=240, on_timeout=lambda: lab.logs("dc-adapter"))
+        records = _readings(sensors=4, count=200, start_ms=int(time.time() * 1000))
+        producer = Producer({"bootstrap.servers": kafka.external})
+        for record in records:
+            producer.produce(mirrored, key=record["sensor_id"], value=json.dumps(record),
+                             headers=[("site", "site-a"), ("ingest_ms", str(record["timestamp"] + 2))])
+        assert producer.flush(60) == 0
+        query = session.prepare(f"SELECT count(*) FROM {keyspace}.temperature_readings "
+                                "WHERE site = ? AND sensor_id = ? AND day = ?")
+        partitions = {(r["sensor_id"], utc_day(r["timestamp"]).date) for r in records}
+
+        def stored() -> int:
+            return sum(session.execute(query, ("site-a", sensor, day)).one()[0] for sensor, day in partitions)
+
+        wait_until("200 relayed readings in the datacenter's table under site-a", lambda: stored() >= 200,
+                   timeout=240, interval=3, on_timeout=lambda: lab.logs("dc-adapter"))
+        assert stored() == 200
+    finally:
+        docker("rm", "-f", f"{lab.network}-dc-adapter", check=False)
