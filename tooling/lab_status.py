@@ -38,11 +38,7 @@ def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
 
 
 def end_offsets(client: Client, topic: str) -> int:
-    consumer = _consumer(client)
-    try:
-        return sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in _partitions(consumer, topic))
-    finally:
-        consumer.close()
+    return sum(high for _low, high in partition_ends(client, topic).values())
 
 
 def group_lag(client: Client, topic: str, group: str) -> int:
