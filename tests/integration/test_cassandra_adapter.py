@@ -224,7 +224,7 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
     """A datacenter adapter with the mappings the stack role renders when `temperature-data` is in
     stack_relay_topics reads the mirrored `<site>.temperature-data` and writes each reading under the
     site it came from (its `site` header, which MirrorMaker copies along)."""
-    lab, kafka, cassandra, session = stack
+    lab, kafka, cassandra, _session = stack
     hostvars, groups = load_inventory(REPO / "inventory.example")
     relayed = [*stack_defaults()["stack_relay_topics"], TOPIC]
     mappings = tmp_path / "dc-mappings.toml"
@@ -240,6 +240,7 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
                 "ADAPTER_CASSANDRA_LOCAL_DC": "dc1", "ADAPTER_GROUP_ID": "datacenter-cassandra-adapter",
                 "ADAPTER_KEYSPACE": keyspace, "ADAPTER_REPLICATION": "dc1:1",
                 "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
+    session = cassandra.session(timeout=60)      # the module's session predates Cassandra's restart above
     try:
         wait_until("the datacenter adapter created its readings table", lambda: session.execute(
             "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
@@ -262,4 +263,5 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
                    timeout=240, interval=3, on_timeout=lambda: lab.logs("dc-adapter"))
         assert stored() == 200
     finally:
+        session.cluster.shutdown()
         docker("rm", "-f", f"{lab.network}-dc-adapter", check=False)
