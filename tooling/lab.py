@@ -371,8 +371,12 @@ def _write_private(path: Path, text: str) -> None:
 LAB_JOB_SETTINGS = {"cores": 1, "executor_memory": "512m", "env": {"TRIGGER_INTERVAL": "5 seconds"},
                     "conf": {"spark.sql.shuffle.partitions": "1"}}
 LAB_JOBS = {
-    "edge": [{"name": "threshold-detector", "file": "threshold_detector.py", **LAB_JOB_SETTINGS}],
-    "datacenter": [{"name": "notifier", "file": "notifier.py", **LAB_JOB_SETTINGS}],
+    "edge": [{"name": "threshold-detector", "file": "threshold_detector.py", **LAB_JOB_SETTINGS,
+              "reads": ["temperature-data", "sensor-registration"],
+              "writes": ["temperature-threshold-events", "dead-letter"]}],
+    "datacenter": [{"name": "notifier", "file": "notifier.py", **LAB_JOB_SETTINGS,
+                    "reads": ["temperature-threshold-events", "sensor-registration", "device-registration"],
+                    "writes": ["notifications", "dead-letter"]}],
 }
 
 LAB_GROUP_VARS = f"""---

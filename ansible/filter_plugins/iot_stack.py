@@ -262,6 +262,42 @@ def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
     return acls
 
 
+def service_acls(services: list, relayed_from: list | None = None) -> list[dict]:
+    """The ACLs of a site's own Kafka clients on INTERNAL (iot-kafka-access --acls), one principal per
+    service. Each entry of `services` (templates/kafka-services.yml.j2) names its `user` and what it
+    does: `reads` and `writes` (topics), `groups` (consumer groups it commits in) and `group_prefixes`
+    (the Spark jobs' generated groups); MirrorMaker's also `owns` (topics, groups and transactional
+    ids it creates and runs under, by prefix) and `cluster` (operations on the cluster). At the
+    datacenter (`relayed_from`: the edge sites' aliases) every topic in `reads` is a relayed one,
+    read as "<site>.<topic>" for each site. READ, WRITE and ALL imply DESCRIBE (Kafka's rule)."""
+    acls = []
+
+    def allow(user: str, resource: str, name: str, pattern: str, operation: str) -> None:
+        acl = {"principal": f"User:{user}", "resource": resource, "name": name, "pattern": pattern,
+               "operation": operation}
+        if acl not in acls:
+            acls.append(acl)
+
+    for service in services:
+        user = service["user"]
+        reads = service.get("reads", [])
+        if relayed_from is not None:
+            reads = [f"{site}.{topic}" for topic in reads for site in relayed_from]
+        for topic in reads:
+            allow(user, "topic", topic, "literal", "READ")
+        for topic in service.get("writes", []):
+            allow(user, "topic", topic, "literal", "WRITE")
+        for group in service.get("groups", []):
+            allow(user, "group", group, "literal", "READ")
+        for prefix in service.get("group_prefixes", []):
+            allow(user, "group", prefix, "prefixed", "READ")
+        for owned in service.get("owns", []):
+            allow(user, owned["resource"], owned["name"], owned.get("pattern", "prefixed"), "ALL")
+        for operation in service.get("cluster", []):
+            allow(user, "cluster", "kafka-cluster", "literal", operation)
+    return acls
+
+
 # ---------------------------------------------------------------- secrets
 
 SECRET_MIN_LENGTH = 16
@@ -428,4 +464,5 @@ class FilterModule:
                 "registry_htpasswd": registry_htpasswd,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
-                "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls}
+                "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls,
+                "service_acls": service_acls}

@@ -58,7 +58,7 @@ from services.adapter.metrics import exposition
 from services.adapter.schema import Row, RowError, row_builder, row_site
 from services.adapter.settings import Settings, load, parser
 from services.adapter.writer import Item, Writer
-from services.common import names
+from services.common import kafka_auth, names
 from services.common.backoff import Backoff
 from services.common.contracts import EPOCH_MS_MAX, EPOCH_MS_MIN, ContractError, InvalidJson, parse_json
 from services.common.dead_letter import (
@@ -134,6 +134,7 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "queued.max.messages.kbytes": 16384,      # bound the prefetch: the container has a memory limit
+        **kafka_auth.internal_config(),           # its own principal: reads its topics in its group
     }
     if settings.group_instance_id:
         # Static membership: see the option's comment in adapter.settings. A second consumer with the
@@ -198,7 +199,8 @@ class Adapter:
                              self.settings.max_batch_rows, self.settings.write_timeout)
         self.consumer = Consumer({**consumer_config(self.settings), "on_commit": self._on_commit})
         self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap,
-                                  "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+                                  "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                  **kafka_auth.internal_config()})
         self.consumer.subscribe(self.router.subscription(), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         self.heartbeat = time.monotonic()
@@ -494,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load(args)
         mappings = load_mappings(settings.mappings_file or None)
+        kafka_auth.internal_login()      # KAFKA_USERNAME without its password file: say so now
     except (SettingsError, MappingError) as err:
         print(f"iot-cassandra-adapter: {err}", file=sys.stderr)
         return 2

@@ -95,7 +95,7 @@ from services.bridge.commands import CommandForwarder
 from services.bridge.routing import KAFKA_REJECTED, Record, Router
 from services.bridge.rules import DEFAULT_RULES, Mapping, MappingError
 from services.bridge.window import Entry, Window
-from services.common import names
+from services.common import kafka_auth, names
 from services.common.backoff import Backoff
 from services.common.dead_letter import UNPROCESSABLE, DeadLetter, dead_letter
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
@@ -126,6 +126,7 @@ def producer_config(s: bridge_settings.BridgeSettings) -> dict:
         # The window bounds what is queued; this only has to be larger.
         "queue.buffering.max.messages": max(100000, 4 * s.window),
         "statistics.interval.ms": 5000,
+        **kafka_auth.internal_config(),     # its own principal: writes readings and dead letters only
     }
 
 
@@ -501,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         s = bridge_settings.from_args(argv)
         setup_logging("bridge", s.log_level)
         mapping = load_mapping(s.mapping_file)
+        kafka_auth.internal_login()      # KAFKA_USERNAME without its password file: say so now
     except (SettingsError, MappingError, ValueError) as err:
         print(f"iot-bridge: {err}", file=sys.stderr)
         return 2

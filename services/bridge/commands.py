@@ -20,7 +20,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from services.bridge import metrics
-from services.common import contracts, names
+from services.common import contracts, kafka_auth, names
 from services.common.contracts import ContractError, InvalidJson, parse_json
 from services.common.dead_letter import (
     CONTRACT_VIOLATION,
@@ -90,6 +90,7 @@ class CommandForwarder:
             "session.timeout.ms": session_timeout_ms,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            **kafka_auth.internal_config(),     # the bridge's principal: reads device-commands in its group
         }
         if group_instance_id:
             # Static membership (BRIDGE_COMMANDS_GROUP_INSTANCE_ID). A second consumer with the same id

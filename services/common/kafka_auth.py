@@ -1,10 +1,25 @@
-"""How a client reaches a site's Kafka EXTERNAL listener (host port 9094): SASL_SSL with a SCRAM-SHA-512
-login, the broker's certificate checked against the deployment's CA and its name against the address
-dialled. One place for every confluent-kafka client that connects from outside a site (operators'
-tools, the registrar, the lab); services on a site's overlay use INTERNAL and need none of it."""
+"""How a client logs in to a site's Kafka. One place for every client of either listener.
+
+- EXTERNAL (host port 9094): SASL_SSL with a SCRAM-SHA-512 login, the broker's certificate checked
+  against the deployment's CA and its name against the address dialled (operators' tools, the
+  registrar, the lab): sasl_ssl_config.
+- INTERNAL (the site's overlay, 9092): SASL_PLAINTEXT with SCRAM-SHA-512, each service as its own
+  principal, whose ACLs allow only what that service does (docs/security.md): internal_config reads
+  the login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE, else
+  /run/secrets/kafka_password). Java clients (the Spark jobs) get the same login as jaas_config.
+
+Standard library only: the Spark jobs use this module too."""
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from services.common import settings
+
 MECHANISM = "SCRAM-SHA-512"
+USERNAME_ENV = "KAFKA_USERNAME"
+PASSWORD_SECRET = "kafka_password"
 
 
 def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str]:
@@ -18,3 +33,46 @@ def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str
         # Also librdkafka's default since 2.0; stated, as it is what makes the certificate's name count.
         "ssl.endpoint.identification.algorithm": "https",
     }
+
+
+def internal_login(environ: Mapping[str, str] | None = None,
+                   secrets_dir: Path | str | None = None) -> tuple[str, str] | None:
+    """(user, password) of this service on INTERNAL; None without KAFKA_USERNAME (a test cluster whose
+    INTERNAL is plaintext). Raises settings.SettingsError when the user is set and its password is not."""
+    environ = os.environ if environ is None else environ
+    user = environ.get(USERNAME_ENV, "").strip()
+    if not user:
+        return None
+    password = settings.secret(PASSWORD_SECRET, required=True, environ=environ, secrets_dir=secrets_dir)
+    if not password:
+        raise settings.SettingsError(f"secret {PASSWORD_SECRET} of Kafka user {user} is empty; "
+                                     f"fix the file or {PASSWORD_SECRET.upper()}_FILE")
+    return user, password
+
+
+def internal_config(environ: Mapping[str, str] | None = None,
+                    secrets_dir: Path | str | None = None) -> dict[str, str]:
+    """librdkafka settings for this service's login to its site's INTERNAL listener ({} without one)."""
+    login = internal_login(environ, secrets_dir)
+    if login is None:
+        return {}
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
+            "sasl.username": login[0], "sasl.password": login[1]}
+
+
+def jaas_config(user: str, password: str) -> str:
+    """sasl.jaas.config of a Java client logging in with SCRAM (quoted values, backslash escapes)."""
+    def quoted(value: str) -> str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"org.apache.kafka.common.security.scram.ScramLoginModule required username={quoted(user)} " \
+           f"password={quoted(password)};"
+
+
+def java_internal_options(environ: Mapping[str, str] | None = None,
+                          secrets_dir: Path | str | None = None) -> dict[str, str]:
+    """Java client properties for this service's login to INTERNAL ({} without one)."""
+    login = internal_login(environ, secrets_dir)
+    if login is None:
+        return {}
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
+            "sasl.jaas.config": jaas_config(*login)}

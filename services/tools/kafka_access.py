@@ -5,9 +5,12 @@
       --acls '[{"principal": "User:relay", "resource": "topic", "name": "device-registration",
                 "pattern": "literal", "operation": "READ"}]'
 
-The site's brokers take SCRAM-SHA-512 logins on their EXTERNAL listener and run the ACL authorizer
-(images/kafka/bin/entrypoint). This tool runs on the site's overlay, on INTERNAL, whose clients are
-super users, so it can set both up (the stack role runs it after each deploy):
+The site's brokers take SCRAM-SHA-512 logins on both listeners and run the ACL authorizer
+(images/kafka/bin/entrypoint). This tool runs on the site's overlay, on INTERNAL, as a super user:
+--login names the user (the site's admin principal, which the brokers create as they start) whose
+password is the one for it on stdin; that user is only logged in as, not managed. Without --login it
+connects without a login (a test cluster whose INTERNAL is plaintext). The stack role runs it after
+each deploy:
 
 - stdin is a JSON object {user: password}. Passwords never go on a command line. A user without a
   SCRAM-SHA-512 credential gets one (8192 iterations, a random salt); an existing one is left alone,
@@ -32,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from services.common import settings
+from services.common import kafka_auth, settings
 from services.tools import topics
 
 PROG = "iot-kafka-access"
@@ -202,11 +205,23 @@ def apply_acls(admin, create: list[Acl], delete: list[Acl]) -> None:
             future.result(timeout=60)
 
 
-def ensure(args: argparse.Namespace, users: dict[str, str], wanted: list[Acl]) -> int:
+def split_login(users: dict[str, str], login_user: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the users to manage, the librdkafka settings of the tool's own login): --login's user and
+    password come out of the stdin users."""
+    if not login_user:
+        return users, {}
+    if login_user not in users:
+        raise InputError(f"--login {login_user}: stdin has no password for {login_user!r}; add it to the JSON object")
+    managed = {u: p for u, p in users.items() if u != login_user}
+    return managed, {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": kafka_auth.MECHANISM,
+                     "sasl.username": login_user, "sasl.password": users[login_user]}
+
+
+def ensure(args: argparse.Namespace, users: dict[str, str], wanted: list[Acl], login: dict[str, str]) -> int:
     from confluent_kafka import KafkaException
 
     quiet = topics._LastMessage()
-    admin = topics.admin_client(args.bootstrap, quiet)
+    admin = topics.admin_client(args.bootstrap, quiet, login)
     deadline = time.monotonic() + args.wait_seconds
     while True:
         try:
@@ -247,6 +262,8 @@ OPTIONS: tuple[settings.Option, ...] = (
                     'JSON list of {"principal": "User:<name>", "resource", "name", "pattern", "operation"}'),
     settings.Option("wait_seconds", "KAFKA_ACCESS_WAIT_SECONDS", 600.0,
                     "how long to wait for the brokers to answer", float),
+    settings.Option("login", "KAFKA_ACCESS_LOGIN", "",
+                    "log in to INTERNAL as this user, with its password from stdin (empty: no login)"),
 )
 
 
@@ -268,9 +285,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, stdin=None) -> int:
     args = parse_args(argv)
     try:
-        users = parse_users((stdin or sys.stdin).read())
+        users, login = split_login(parse_users((stdin or sys.stdin).read()), args.login)
         wanted = parse_acls(args.acls)
-        return ensure(args, users, wanted)
+        return ensure(args, users, wanted, login)
     except InputError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2

@@ -14,6 +14,10 @@ retention_ms wins over --retention-ms). Existing topics are never altered; one
 with fewer partitions or another cleanup.policy than the spec gets a warning on
 stderr. --dry-run creates nothing (ansible-playbook --check).
 
+On a site whose INTERNAL takes SCRAM logins, the tool logs in as KAFKA_USERNAME with the password
+in the file KAFKA_PASSWORD_FILE (the stack runs it as the site's admin principal, password on stdin:
+KAFKA_PASSWORD_FILE=/dev/stdin).
+
 stdout is exactly one JSON line, lists sorted:
   {"existing": [...], "created": [...], "would_create": [...]}
 Progress, warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka did not
@@ -31,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common import settings
+from services.common import kafka_auth, settings
 
 PROG = "iot-topics"
 CLEANUP_POLICIES = ("delete", "compact")
@@ -241,7 +245,9 @@ class _LastMessage(logging.Handler):
         return self.log or self.error
 
 
-def admin_client(bootstrap: str, quiet: _LastMessage):
+def admin_client(bootstrap: str, quiet: _LastMessage, login: dict[str, str] | None = None):
+    """An AdminClient of `bootstrap` whose librdkafka messages go to `quiet`; `login`: the settings of
+    its SCRAM login to INTERNAL (kafka_auth.internal_config), none on a plaintext test cluster."""
     from confluent_kafka.admin import AdminClient
 
     logger = logging.getLogger(f"{PROG}.librdkafka")
@@ -249,7 +255,7 @@ def admin_client(bootstrap: str, quiet: _LastMessage):
     logger.setLevel(logging.WARNING)
     logger.handlers = [quiet]
     return AdminClient({"bootstrap.servers": bootstrap, "logger": logger,
-                        "error_cb": lambda err: setattr(quiet, "error", err.str())})
+                        "error_cb": lambda err: setattr(quiet, "error", err.str()), **(login or {})})
 
 
 def wait_for_brokers(admin, bootstrap: str, needed: int, wait_seconds: float, quiet: _LastMessage,
@@ -357,7 +363,7 @@ def ensure(args: argparse.Namespace) -> int:
     spec = parse_spec(args.spec)
     check_settings(args.replication, args.min_insync, args.retention_ms)
     quiet = _LastMessage()
-    admin = admin_client(args.bootstrap, quiet)
+    admin = admin_client(args.bootstrap, quiet, kafka_auth.internal_config())
     deadline = time.monotonic() + args.wait_seconds
     metadata = wait_for_brokers(admin, args.bootstrap, args.replication, args.wait_seconds, quiet)
     existing, warnings = read_existing(admin, metadata, [t.name for t in spec])
@@ -417,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return ensure(args)
-    except SpecError as err:
+    except (SpecError, settings.SettingsError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     except TopicsError as err:

@@ -8,7 +8,7 @@ import time
 from pyspark.sql import DataFrame
 
 from iot_jobs import notifier
-from iot_jobs.runtime import source_options
+from iot_jobs.runtime import KafkaSettings
 from iot_jobs.webhook import Webhook
 from services.common import contracts
 from services.common.dead_letter import dead_letter_headers
@@ -27,16 +27,16 @@ def dead_letter_rows(failed: list, topic: str, now_ms: int) -> list[tuple]:
 
 
 class BatchSink:
-    def __init__(self, kafka_options: dict[str, str], sensors: dict[str, str], devices: dict[str, str],
+    def __init__(self, kafka: KafkaSettings, sensors: dict[str, str], devices: dict[str, str],
                  default_site: str, topic: str, dead_letter_topic: str, webhook: Webhook | None) -> None:
-        self.kafka_options, self.sensors, self.devices = kafka_options, sensors, devices
+        self.kafka, self.kafka_options, self.sensors, self.devices = kafka, kafka.options, sensors, devices
         self.default_site, self.topic, self.dead_letter_topic = default_site, topic, dead_letter_topic
         self.webhook = webhook
 
     def registry(self, events: DataFrame, subscription: dict[str, str], contract) -> DataFrame:
         records = (events.sparkSession.read.format("kafka")
-                   .options(**source_options(self.kafka_options, subscription,
-                                             {"startingOffsets": "earliest", "endingOffsets": "latest"}))
+                   .options(**self.kafka.source_options(subscription,
+                                                        {"startingOffsets": "earliest", "endingOffsets": "latest"}))
                    .load())
         return notifier.latest_registrations(records, contract, self.default_site)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from services.common import settings
+from services.common import kafka_auth, settings
 from services.common.settings import Option, SettingsError, integer
 
 log = logging.getLogger("iot_stack.jobs")
@@ -44,6 +44,10 @@ TRIGGER_INTERVAL = Option("trigger_interval", "TRIGGER_INTERVAL", "",
 STOP_TIMEOUT_SECONDS = Option("stop_timeout_seconds", "STOP_TIMEOUT_SECONDS", 60,
                               "seconds a query may finish its running micro-batch on SIGTERM", integer(0))
 LOG_LEVEL = Option("log_level", "IOT_STACK_LOG_LEVEL", "INFO", "log level of the driver")
+# The consumer groups of the job's Kafka reads are named "<prefix>-<uuid>-...": the stack sets
+# "<site>-<job>", which the job's principal may use (its ACLs); Spark's default is spark-kafka-source.
+KAFKA_GROUP_ID_PREFIX = Option("group_id_prefix", "KAFKA_GROUP_ID_PREFIX", "",
+                               "prefix of the Kafka consumer groups of the job's reads (empty: Spark's)")
 
 
 def _starting_offsets(text: str) -> str:
@@ -87,6 +91,7 @@ class Source:
 class KafkaSettings:
     options: dict[str, str]          # kafka.* options for every source and sink
     starting_offsets: str            # for the data sources; registries always start at earliest
+    group_id_prefix: str = ""        # groupIdPrefix of every source ("": Spark's default)
 
     def starting_options(self, now_ms: int | None = None) -> dict[str, str]:
         """Source options for a query's first start (a checkpoint overrides them).
@@ -109,7 +114,15 @@ class KafkaSettings:
         for name, value in os.environ.items():
             if name.startswith("KAFKA_OPTION_") and value:
                 options["kafka." + name.removeprefix("KAFKA_OPTION_").lower().replace("_", ".")] = value
-        return cls(options, settings.value(STARTING_OFFSETS))
+        # The job's own principal on INTERNAL (KAFKA_USERNAME, the secret kafka_password): SCRAM over
+        # SASL_PLAINTEXT. Its password travels in the options, which the session redacts (session()).
+        options |= {"kafka." + key: value for key, value in kafka_auth.java_internal_options().items()}
+        return cls(options, settings.value(STARTING_OFFSETS), settings.value(KAFKA_GROUP_ID_PREFIX))
+
+    def source_options(self, subscription: dict[str, str], starting: dict[str, str]) -> dict[str, str]:
+        """The options of one Kafka read (source_options, with the job's group id prefix)."""
+        group = {"groupIdPrefix": self.group_id_prefix} if self.group_id_prefix else {}
+        return source_options({**self.options, **group}, subscription, starting)
 
 
 def checkpoint(job: str, query: str) -> str:
@@ -141,6 +154,8 @@ def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
         # by default; on a CPU-starved host that failed queries (CANNOT_OPEN_SOCKET) before they ran.
         "spark.python.authenticate.socketTimeout": "60s",
         "spark.sql.session.timeZone": "UTC",
+        # Kafka options hold the job's SCRAM login (kafka.sasl.jaas.config): hidden in plans and the UI.
+        "spark.sql.redaction.options.regex": "(?i)url|jaas|password",
         **(extra or {}),
     }
     for key, value in defaults.items():
@@ -191,7 +206,7 @@ def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_
     STARTING_OFFSETS says (whole_topic: from the beginning, for registries)."""
     starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
     return (spark.readStream.format("kafka")
-            .options(**source_options(kafka.options, source.options(), starting))
+            .options(**kafka.source_options(source.options(), starting))
             .load())
 
 

@@ -65,7 +65,7 @@ def run() -> None:
     spark = runtime.session(JOB, notifier.SESSION_CONF)
     events = notifier.announce_once(notifier.parse_events(
         runtime.read_kafka(spark, kafka, events_source), site), ttl_ms)
-    sink = BatchSink(kafka.options, sensors_source.options(), devices_source.options(), site,
+    sink = BatchSink(kafka, sensors_source.options(), devices_source.options(), site,
                               out_topic, dead_letter_topic, hook)
     writer = (events.writeStream.queryName("notifications")
               .foreachBatch(sink)

@@ -144,3 +144,59 @@ def test_bad_input_exits_2_naming_the_problem(lab, cluster):
            "--bootstrap", cluster.internal, "--acls", json.dumps([{**RELAY_ACLS[0], "operation": "READ_ALL"}])]
     result = subprocess.run(cmd, input="{}", capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "operation 'READ_ALL' must be one of" in result.stderr, result.stderr
+
+
+# ------------------------------------------------------------------ INTERNAL: each service as its own principal
+
+# A client on the brokers' network (INTERNAL), in a throwaway services container; its login on stdin.
+INTERNAL_PROBE = r"""
+import json, sys
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+args = json.load(sys.stdin)
+conf = {"bootstrap.servers": args["bootstrap"], "socket.timeout.ms": 5000}
+if args["user"]:
+    conf |= {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+             "sasl.username": args["user"], "sasl.password": args["password"]}
+errors, out = [], {}
+admin = AdminClient({**conf, "error_cb": lambda e: errors.append(e.name())})
+try:
+    out["topics"] = sorted(admin.list_topics(timeout=10).topics)
+except Exception:
+    out["topics"] = None
+    admin.poll(1)    # serves error_cb, which carries the reason
+out["errors"] = sorted(set(errors))
+for topic in args["write"]:
+    results = []
+    producer = Producer({**conf, "message.timeout.ms": 10000})
+    producer.produce(topic, b"x", on_delivery=lambda err, msg: results.append(err.name() if err else "ok"))
+    producer.flush(15)
+    out["write " + topic] = results[0] if results else "none"
+print(json.dumps(out))
+"""
+
+
+def internal_probe(lab, cluster, user: str = "", password: str = "", write: tuple[str, ...] = ()) -> dict:
+    cmd = ["docker", "run", "-i", "--rm", "--network", lab.network, image("services"), "python", "-c", INTERNAL_PROBE]
+    stdin = json.dumps({"bootstrap": cluster.internal, "user": user, "password": password, "write": list(write)})
+    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_internal_refuses_anonymous_clients_and_wrong_passwords(lab, cluster):
+    anonymous = internal_probe(lab, cluster)
+    assert anonymous["topics"] is None, f"an anonymous client on INTERNAL got metadata: {anonymous}"
+    wrong = internal_probe(lab, cluster, cluster.admin[0], "not-the-admins-password-1")
+    assert wrong["topics"] is None and "_AUTHENTICATION" in wrong["errors"], wrong
+
+
+def test_a_service_principal_writes_only_what_its_acls_name(lab, cluster, relay):
+    from tests.unit.stack_render import filters
+    user, password = "bridge", f"bridge-{uuid.uuid4().hex}"
+    acls = filters.service_acls([{"user": user, "writes": [RELAYED]}])
+    access(lab, cluster, {user: password}, acls)
+    probe = internal_probe(lab, cluster, user, password, write=(RELAYED, NOT_RELAYED))
+    assert probe["write " + RELAYED] == "ok", probe
+    assert probe["write " + NOT_RELAYED] == "TOPIC_AUTHORIZATION_FAILED", probe
+    assert probe["topics"] == [RELAYED], f"the service sees topics it may not use: {probe}"

@@ -60,6 +60,7 @@ def stack_settings() -> dict:
         "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
         "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
         "consumer_groups": stack_vars()["__stack_consumer_groups"],
+        "kafka_users": stack_vars()["__stack_kafka_users_by_service"],
         "cassandra_adapter_user": d["stack_cassandra_adapter_user"],
         "cassandra_keyspace": d["stack_cassandra_keyspace"],
         "cassandra_cluster_name": "test", "cassandra_dc": "test", "cassandra_fast_start": False,
@@ -80,11 +81,22 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     pki += ["spark_auth_secret"]
+    settings = settings or stack_settings()
+    kafka = [f"kafka_password_{user}" for user in kafka_internal_users(tier, settings)]
     files = filters.stack_files({"configs": dict.fromkeys(declared["configs"], "c"),
-                                 "secrets": dict.fromkeys([*declared["secrets"], *pki], "s")}, "/opt/iot-stack/x")
+                                 "secrets": dict.fromkeys([*declared["secrets"], *pki, *kafka], "s")},
+                                "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(
-        t=topology, s=settings or stack_settings(), img=images, files=files, ansible_managed="test")
+        t=topology, s=settings, img=images, files=files, ansible_managed="test")
     return yaml.safe_load(text)
+
+
+def kafka_internal_users(tier: str, settings: dict) -> list[str]:
+    """The site's Kafka principals on INTERNAL, as vars/main.yml __stack_kafka_internal_users lists them."""
+    users = settings["kafka_users"]
+    services = ["bridge", "adapter"] if tier == "edge" else ["adapter", "mirrormaker"]
+    return [users["broker"], users["admin"], *(users[s] for s in services),
+            *(job["name"] for job in settings["spark"]["jobs"][tier])]
 
 
 def render_mm2(hostvars: dict, groups: dict, datacenter_group: str = "datacenter", **overrides) -> str:
@@ -102,11 +114,18 @@ def render_role_template(name: str, hostvars: dict, groups: dict, group: str, ti
     env.filters.update(filters.FilterModule().filters())
     host = groups[group][0]
     alias = hostvars[host].get("site_alias") or group.replace("_", "-")
+    users = stack_vars()["__stack_kafka_users_by_service"]
     context = {**stack_defaults(), "__stack_consumer_groups": stack_vars()["__stack_consumer_groups"],
+               "__stack_kafka_users_by_service": users,
+               "__stack_kafka_passwords": {u: f"{u}-password-0123456789" for u in users.values()},
                **group_vars(), **hostvars[host], "hostvars": hostvars, "groups": groups,
                "iot_site_alias": alias, "iot_tier": tier, "ansible_managed": "test",
                "iot_topology": filters.site_topology(hostvars, groups[group], alias, tier),
                **overrides}
+    if tier == "datacenter" and "__stack_relay_sites" not in context:
+        context["__stack_relay_sites"] = [site["alias"] for site in filters.edge_sites(
+            hostvars, groups, context["stack_relay_edge_group"], context.get("iot_ignored_groups", []),
+            context["stack_kafka_external_port"])]
     return env.get_template(name).render(context)
 
 

@@ -226,7 +226,8 @@ def test_adapter_logs_in_with_its_own_role_and_secret(tier):
     role = stack_defaults()["stack_cassandra_adapter_user"]
     assert role != "cassandra"
     assert adapter["environment"]["ADAPTER_CASSANDRA_USERNAME"] == role == node["environment"]["CASSANDRA_ADAPTER_ROLE"]
-    assert adapter["secrets"] == ["cassandra_adapter_password"], "the adapter must not see the superuser's password"
+    assert adapter["secrets"] == ["cassandra_adapter_password",      # not the superuser's password
+                                  {"source": "kafka_password_adapter", "target": "kafka_password"}]
     assert adapter["environment"]["CASSANDRA_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
     assert adapter["environment"]["ADAPTER_KEYSPACE"] == node["environment"]["CASSANDRA_ADAPTER_KEYSPACE"]
     assert sorted(node["secrets"]) == ["cassandra_adapter_password", "cassandra_password"]

@@ -145,13 +145,17 @@ def test_every_kafka_consumer_is_a_static_member_per_task_slot(example, group):
 @pytest.mark.parametrize("group", ["site_a", "datacenter"])
 def test_spark_jobs_commit_no_consumer_group(example, group):
     """Spark's Kafka source keeps its offsets in the checkpoint and, unless kafka.group.id is set, reads in a
-    fresh spark-kafka-source-<uuid> group that commits nothing: nothing for MirrorMaker to sync."""
+    fresh "<groupIdPrefix>-<uuid>" group that commits nothing: nothing for MirrorMaker to sync. The prefix is
+    "<owner>-<job>" (the groups the job's principal may use), the naming every service's group follows."""
     settings = stack_settings()
+    owner = "datacenter" if group == "datacenter" else "site-a"
     jobs = settings["spark"]["jobs"]["datacenter" if group == "datacenter" else "edge"]
     services = _stack(example, group)["services"]
     for job in jobs:
         service = services[job["name"]]
-        text = " ".join(service["command"]) + " " + " ".join(f"{k}={v}" for k, v in service["environment"].items())
+        assert service["environment"]["KAFKA_GROUP_ID_PREFIX"] == f"{owner}-{job['name']}"
+        text = " ".join(service["command"]) + " " + " ".join(f"{k}={v}" for k, v in service["environment"].items()
+                                                             if k != "KAFKA_GROUP_ID_PREFIX")
         assert not re.search(r"group\.id|groupIdPrefix|GROUP_ID", text), f"{job['name']}: {text}"
 
 

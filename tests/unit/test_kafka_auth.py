@@ -1,7 +1,11 @@
-"""The settings every client from outside a site uses for Kafka's EXTERNAL listener."""
+"""How clients log in to a site's Kafka: EXTERNAL from outside the site, INTERNAL as a service's own principal."""
 from __future__ import annotations
 
+import pytest
+
 from services.common import kafka_auth
+from services.common.settings import SettingsError
+from spark.iot_jobs import runtime
 
 
 def test_sasl_ssl_config_logs_in_with_scram_and_verifies_the_broker():
@@ -10,3 +14,40 @@ def test_sasl_ssl_config_logs_in_with_scram_and_verifies_the_broker():
                       "sasl.username": "operator", "sasl.password": "pw",
                       "ssl.ca.location": "/run/secrets/kafka_ca.pem",
                       "ssl.endpoint.identification.algorithm": "https"}
+
+
+def test_a_service_logs_in_to_internal_as_its_own_principal_with_the_password_from_its_secret(tmp_path):
+    (tmp_path / "kafka_password").write_text("s3cret-Pw-0123456789\n")
+    environ = {"KAFKA_USERNAME": "bridge", "KAFKA_PASSWORD_FILE": str(tmp_path / "kafka_password")}
+    assert kafka_auth.internal_config(environ) == {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "bridge", "sasl.password": "s3cret-Pw-0123456789"}
+    assert kafka_auth.java_internal_options(environ) == {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                            'username="bridge" password="s3cret-Pw-0123456789";'}
+
+
+def test_without_a_user_there_is_no_login_and_a_user_without_its_password_is_an_error(tmp_path):
+    assert kafka_auth.internal_config({}) == {}
+    with pytest.raises(SettingsError, match=r"kafka_password not found at .*missing .*KAFKA_PASSWORD_FILE"):
+        kafka_auth.internal_config({"KAFKA_USERNAME": "adapter", "KAFKA_PASSWORD_FILE": str(tmp_path / "missing")})
+
+
+def test_jaas_values_are_quoted_so_a_quote_in_a_password_cannot_end_it():
+    assert kafka_auth.jaas_config("u", 'a"b\\c') == \
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="a\\"b\\\\c";'
+
+
+def test_a_spark_job_reads_and_writes_as_its_principal_in_its_own_groups(monkeypatch, tmp_path):
+    (tmp_path / "pw").write_text("job-password-0123456789")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")
+    monkeypatch.setenv("KAFKA_USERNAME", "threshold-detector")
+    monkeypatch.setenv("KAFKA_PASSWORD_FILE", str(tmp_path / "pw"))
+    monkeypatch.setenv("KAFKA_GROUP_ID_PREFIX", "site-a-threshold-detector")
+    monkeypatch.setenv("KAFKA_OPTION_SECURITY_PROTOCOL", "PLAINTEXT")     # cannot undo the login
+    kafka = runtime.KafkaSettings.from_env()
+    assert kafka.options["kafka.security.protocol"] == "SASL_PLAINTEXT"
+    assert kafka.options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert 'username="threshold-detector" password="job-password-0123456789"' in kafka.options["kafka.sasl.jaas.config"]
+    assert kafka.source_options({"subscribe": "t"}, {})["groupIdPrefix"] == "site-a-threshold-detector"

@@ -53,5 +53,8 @@ def test_mirrormaker_reads_every_site_over_sasl_ssl_as_the_relay():
         assert 'username="relay"' in props[f"{site}.sasl.jaas.config"]
         assert props[f"{site}.ssl.truststore.type"] == "PEM"
         assert Path(props[f"{site}.ssl.truststore.location"]).name == "kafka_ca.pem"
-    # The datacenter's own cluster is reached on its overlay (INTERNAL).
-    assert "datacenter.security.protocol" not in props
+    # The datacenter's own cluster is reached on its overlay (INTERNAL), as MirrorMaker's own principal.
+    assert props["datacenter.security.protocol"] == "SASL_PLAINTEXT"
+    assert props["datacenter.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert 'username="mirrormaker" password="mirrormaker-password-0123456789"' in \
+        _java_properties_value("x = " + props["datacenter.sasl.jaas.config"])

@@ -1,9 +1,11 @@
 """Start a single-node ZooKeeper + Kafka cluster from the project's kafka image.
 
-Plain clusters open EXTERNAL without TLS or logins (KAFKA_EXTERNAL_PLAINTEXT=1: tests on one
-machine only). A secure one is set up as the stacks set up a site: a throw-away CA and a broker
-certificate naming 127.0.0.1 (the host's address of it), EXTERNAL SASL_SSL with SCRAM-SHA-512 and
-the ACL authorizer, and the operator's SCRAM user, a super user."""
+Plain clusters open both listeners without TLS or logins (KAFKA_EXTERNAL_PLAINTEXT=1 and
+KAFKA_INTERNAL_PLAINTEXT=1: tests on one machine only). A secure one is set up as the stacks set up a
+site: a throw-away CA and a broker certificate naming 127.0.0.1 (the host's address of it), EXTERNAL
+SASL_SSL and INTERNAL SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
+principal and the admin's, which the broker writes into ZooKeeper as it starts; and the operator's
+SCRAM user. All three are super users."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,6 +13,7 @@ import ipaddress
 import json
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +32,7 @@ class KafkaCluster:
     external: str    # bootstrap for the host (127.0.0.1:<port>)
     ca_file: str = ""                                      # secure clusters: the CA the broker's certificate chains to
     operator: tuple[str, str] = field(default=("", ""))    # secure clusters: the super user's name and password
+    admin: tuple[str, str] = field(default=("", ""))       # secure clusters: the admin tools' login on INTERNAL
 
     def client(self, **config: object) -> dict:
         """Settings of a host client of EXTERNAL (as the operator on a secure cluster)."""
@@ -89,17 +93,23 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
     }
-    volumes, ca_file = {}, ""
+    volumes, ca_file, admin = {}, "", ("", "")
     if operator:
         pki = Path(tempfile.mkdtemp(prefix="kafka-pki-"))
         ca_file = str(make_pki(pki, broker))
+        admin = ("admin", f"admin-{uuid.uuid4().hex}")
+        for name, password in (("broker.password", f"broker-{uuid.uuid4().hex}"), ("admin.password", admin[1])):
+            (pki / name).write_text(password + "\n")
+            (pki / name).chmod(0o644)    # the container's uid 1000 reads them
         volumes = {str(pki): "/etc/kafka-pki:ro"}
-        env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem", "KAFKA_OPERATOR_USER": operator[0]}
+        env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem", "KAFKA_OPERATOR_USER": operator[0],
+                "KAFKA_INTERNAL_USER": "broker", "KAFKA_INTERNAL_PASSWORD_FILE": "/etc/kafka-pki/broker.password",
+                "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password"}
         _add_scram_user(lab, zk, *operator)
     else:
-        env["KAFKA_EXTERNAL_PLAINTEXT"] = "1"
+        env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
     lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env=env, volumes=volumes)
-    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""))
+    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin)
 
     def broker_registered() -> bool:
         metadata = AdminClient(cluster.client()).list_topics(timeout=5)
@@ -131,9 +141,12 @@ def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3, confi
 
 def ensure_access(lab: Lab, cluster: KafkaCluster, users: dict[str, str], acls: list[dict], *extra: str) -> dict:
     """`iot-kafka-access ensure` as the stack role runs it: a throwaway services container on the
-    brokers' network (INTERNAL), passwords on stdin. Returns its JSON line."""
+    brokers' network (INTERNAL), logged in as the admin on a secure cluster, passwords on stdin.
+    Returns its JSON line."""
+    login = ["--login", cluster.admin[0]] if cluster.admin[0] else []
+    users = {**users, **dict([cluster.admin])} if cluster.admin[0] else users
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.network, image("services"), "iot-kafka-access", "ensure",
-           "--bootstrap", cluster.internal, "--acls", json.dumps(acls), "--wait-seconds", "120", *extra]
+           "--bootstrap", cluster.internal, "--acls", json.dumps(acls), "--wait-seconds", "120", *login, *extra]
     result = subprocess.run(cmd, input=json.dumps(users), capture_output=True, text=True, timeout=300)
     if result.returncode != 0 or len(result.stdout.splitlines()) != 1:
         raise RuntimeError(f"iot-kafka-access failed ({result.returncode}): {result.stdout}{result.stderr}")

@@ -56,22 +56,24 @@ def test_no_setting_can_make_a_job_read_uncommitted_records(monkeypatch):
 @pytest.mark.parametrize("whole_topic", [False, True])
 def test_every_stream_reads_with_the_fixed_source_options(monkeypatch, whole_topic):
     spark = _Spark()
-    kafka = runtime.KafkaSettings({"kafka.bootstrap.servers": "k:9092"}, "latest")
+    kafka = runtime.KafkaSettings({"kafka.bootstrap.servers": "k:9092"}, "latest", "site-a-rollups")
     source = runtime.Source(pattern=r".+\.temperature-threshold-events")
     assert runtime.read_kafka(spark, kafka, source, whole_topic=whole_topic) == "records"
     assert spark.readStream.given == runtime.source_options(
-        kafka.options, source.options(), {"startingOffsets": "earliest" if whole_topic else "latest"})
+        {**kafka.options, "groupIdPrefix": "site-a-rollups"}, source.options(),
+        {"startingOffsets": "earliest" if whole_topic else "latest"})
 
 
 def test_the_notifiers_registry_batches_read_with_the_same_options(monkeypatch):
     monkeypatch.setattr(notifier, "latest_registrations", lambda records, contract, site: records)
     spark = _Spark()
     events = type("Events", (), {"sparkSession": spark})()
-    sink = notifier_sink.BatchSink({"kafka.bootstrap.servers": "k:9092"}, {"subscribePattern": "s"},
+    kafka = runtime.KafkaSettings({"kafka.bootstrap.servers": "k:9092"}, "latest", "dc-notifier")
+    sink = notifier_sink.BatchSink(kafka, {"subscribePattern": "s"},
                                    {"subscribePattern": "d"}, "dc", "notifications", "dead-letter", None)
     assert sink.registry(events, {"subscribePattern": "s"}, contracts.SENSOR) == "records"
     assert spark.read.given == runtime.source_options(
-        {"kafka.bootstrap.servers": "k:9092"}, {"subscribePattern": "s"},
+        {"kafka.bootstrap.servers": "k:9092", "groupIdPrefix": "dc-notifier"}, {"subscribePattern": "s"},
         {"startingOffsets": "earliest", "endingOffsets": "latest"})
 
 

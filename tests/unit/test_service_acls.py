@@ -1,0 +1,104 @@
+"""Each service's Kafka principal on INTERNAL and its ACLs, as the stack role renders them from the inventory
+(ansible/roles/stack/templates/kafka-services.yml.j2, filter service_acls)."""
+from __future__ import annotations
+
+import yaml
+
+from tests.unit.stack_render import REPO, filters, render_role_template
+from tests.unit.test_topology_and_stacks import load_inventory
+
+EDGE_ALIASES = ["site-a", "site-b"]
+
+
+def _services(group: str, tier: str, **overrides) -> list[dict]:
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    return yaml.safe_load(render_role_template("kafka-services.yml.j2", hostvars, groups, group, tier, **overrides))
+
+
+def _granted(acls: list[dict], user: str) -> set[tuple]:
+    return {(a["resource"], a["name"], a["pattern"], a["operation"]) for a in acls if a["principal"] == f"User:{user}"}
+
+
+def test_edge_services_may_do_what_they_do_and_nothing_else():
+    acls = filters.service_acls(_services("site_a", "edge"))
+    assert _granted(acls, "bridge") == {
+        ("topic", "temperature-data", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
+        ("topic", "device-commands", "literal", "READ"), ("group", "site-a-bridge-commands", "literal", "READ")}
+    assert _granted(acls, "adapter") == {
+        *(("topic", t, "literal", "READ") for t in ("temperature-data", "temperature-threshold-events",
+                                                     "temperature-rollups-1m", "device-registration",
+                                                     "sensor-registration", "sensor-type-registration")),
+        ("topic", "dead-letter", "literal", "WRITE"), ("group", "site-a-cassandra-adapter", "literal", "READ")}
+    assert _granted(acls, "threshold-detector") == {
+        ("topic", "temperature-data", "literal", "READ"), ("topic", "sensor-registration", "literal", "READ"),
+        ("topic", "temperature-threshold-events", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
+        ("group", "site-a-threshold-detector", "prefixed", "READ")}
+    assert _granted(acls, "rollups") == {
+        ("topic", "temperature-data", "literal", "READ"), ("topic", "temperature-rollups-1m", "literal", "WRITE"),
+        ("group", "site-a-rollups", "prefixed", "READ")}
+    # Nobody at a site may administer it or touch every topic: no ALL, no cluster operation, no wildcard.
+    assert not [a for a in acls if a["operation"] == "ALL" or a["resource"] == "cluster" or a["name"] == "*"]
+    assert {a["principal"] for a in acls} == {"User:bridge", "User:adapter", "User:threshold-detector",
+                                              "User:rollups"}
+
+
+def test_datacenter_consumers_read_each_sites_relayed_topics_and_mirrormaker_owns_what_it_relays():
+    acls = filters.service_acls(_services("datacenter", "datacenter"), EDGE_ALIASES)
+    relayed = ("temperature-threshold-events", "temperature-rollups-1m", "device-registration",
+               "sensor-registration", "sensor-type-registration")
+    assert _granted(acls, "adapter") == {
+        *(("topic", f"{site}.{t}", "literal", "READ") for site in EDGE_ALIASES for t in relayed),
+        ("topic", "dead-letter", "literal", "WRITE"), ("group", "datacenter-cassandra-adapter", "literal", "READ")}
+    assert _granted(acls, "notifier") == {
+        *(("topic", f"{site}.{t}", "literal", "READ") for site in EDGE_ALIASES
+          for t in ("temperature-threshold-events", "sensor-registration", "device-registration")),
+        ("topic", "notifications", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
+        ("group", "datacenter-notifier", "prefixed", "READ")}
+    mirrormaker = _granted(acls, "mirrormaker")
+    for site in EDGE_ALIASES:
+        assert ("topic", f"{site}.", "prefixed", "ALL") in mirrormaker
+        assert ("transactional_id", f"{site}-mm2", "prefixed", "ALL") in mirrormaker
+        assert ("transactional_id", f"connect-cluster-{site}-mm2", "prefixed", "ALL") in mirrormaker
+    assert ("topic", "mm2-", "prefixed", "ALL") in mirrormaker
+    # It cannot write the datacenter's own topics (notifications, dead-letter).
+    assert not [g for g in mirrormaker if g[0] == "topic" and g[1] in ("notifications", "dead-letter")]
+
+
+def test_relaying_readings_lets_the_datacenter_adapter_read_them():
+    relay = ["temperature-threshold-events", "temperature-data"]
+    acls = filters.service_acls(_services("datacenter", "datacenter", stack_relay_topics=relay), EDGE_ALIASES)
+    assert {name for kind, name, _, op in _granted(acls, "adapter") if kind == "topic" and op == "READ"} == {
+        f"{site}.{t}" for site in EDGE_ALIASES for t in relay}
+
+
+def test_every_acl_is_one_iot_kafka_access_accepts():
+    import json
+
+    from services.tools import kafka_access
+    for group, tier, sites in (("site_a", "edge", None), ("datacenter", "datacenter", EDGE_ALIASES)):
+        acls = filters.service_acls(_services(group, tier), sites)
+        assert len(kafka_access.parse_acls(json.dumps(acls))) == len(acls) > 0
+
+
+def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
+    from tests.unit.stack_render import render
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
+        services = render(tier, filters.site_topology(hostvars, groups[group], alias, tier))["services"]
+        clients = {name: service for name, service in services.items()
+                   if any(key.endswith("BOOTSTRAP") or key.endswith("BOOTSTRAP_SERVERS")
+                          for key in service.get("environment", {}))}
+        assert len(clients) == (4 if tier == "edge" else 2), sorted(clients)   # bridge, adapter, the jobs
+        users = []
+        for name, service in clients.items():
+            user = service["environment"]["KAFKA_USERNAME"]
+            assert service["environment"]["KAFKA_PASSWORD_FILE"] == "/run/secrets/kafka_password", name
+            assert {"source": f"kafka_password_{user}", "target": "kafka_password"} in service["secrets"], name
+            users.append(user)
+        assert len(set(users)) == len(users), users          # no two services share a principal
+        for name in (n for n in services if n.startswith("kafka-")):
+            broker = services[name]
+            assert broker["environment"]["KAFKA_INTERNAL_USER"] == "broker"
+            assert {"source": "kafka_password_broker", "target": "kafka_internal_password"} in broker["secrets"]
+            assert {"source": "kafka_password_admin", "target": "kafka_admin_password"} in broker["secrets"]
+            assert "KAFKA_INTERNAL_PLAINTEXT" not in broker["environment"]
