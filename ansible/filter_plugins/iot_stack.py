@@ -298,6 +298,36 @@ def service_acls(services: list, relayed_from: list | None = None) -> list[dict]
     return acls
 
 
+# Kafka principals of the site's own services (ansible/roles/stack/vars/main.yml): no job may take one.
+SERVICE_PRINCIPALS = ("broker", "admin", "bridge", "adapter", "mirrormaker")
+JOB_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}[a-z0-9]$")
+
+
+def spark_job_refusals(jobs: object) -> list[str]:
+    """Preflight's check of stack_spark.jobs ({tier: [job]}): each job's name is a Swarm service and
+    its own Kafka principal, so it must be short lower-case letters, digits and dashes and no other
+    service's; `reads` and `writes` must list the topics it reads and writes, as its principal may
+    use no other. One message per problem, naming the variable and the fix."""
+    refusals = []
+    if not isinstance(jobs, dict):
+        return ["stack_spark.jobs must map each tier (edge, datacenter) to a list of jobs"]
+    for tier, entries in sorted(jobs.items()):
+        for i, job in enumerate(entries or []):
+            where = f"stack_spark.jobs.{tier}[{i}]"
+            name = job.get("name") if isinstance(job, dict) else None
+            if not isinstance(name, str) or not JOB_NAME_RE.match(name):
+                refusals.append(f"{where}: name {name!r} must be 2-42 lower-case letters, digits or dashes "
+                                "(it names the job's service and its Kafka principal)")
+            elif name in SERVICE_PRINCIPALS:
+                refusals.append(f"{where}: name {name!r} is another service's Kafka principal; rename the job")
+            for key in ("reads", "writes"):
+                topics = job.get(key) if isinstance(job, dict) else None
+                if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics):
+                    refusals.append(f"{where} ({name}): `{key}` must list the Kafka topics the job {key[:-1]}s, "
+                                    f"e.g. {key}: [temperature-data]; its Kafka principal may use no other")
+    return refusals
+
+
 # ---------------------------------------------------------------- secrets
 
 SECRET_MIN_LENGTH = 16
@@ -465,4 +495,4 @@ class FilterModule:
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls,
-                "service_acls": service_acls}
+                "service_acls": service_acls, "spark_job_refusals": spark_job_refusals}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.unit.stack_render import REPO, filters, render_role_template
+from tests.unit.stack_render import REPO, filters, render_role_template, stack_defaults
 from tests.unit.test_topology_and_stacks import load_inventory
 
 EDGE_ALIASES = ["site-a", "site-b"]
@@ -102,3 +102,20 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
             assert {"source": "kafka_password_broker", "target": "kafka_internal_password"} in broker["secrets"]
             assert {"source": "kafka_password_admin", "target": "kafka_admin_password"} in broker["secrets"]
             assert "KAFKA_INTERNAL_PLAINTEXT" not in broker["environment"]
+
+
+def test_preflight_refuses_a_spark_job_without_its_topics_or_with_a_services_name():
+    from tooling import lab
+    assert filters.spark_job_refusals(stack_defaults()["stack_spark"]["jobs"]) == []
+    assert filters.spark_job_refusals(lab.LAB_JOBS) == []
+    refusals = filters.spark_job_refusals({"edge": [{"name": "bridge", "reads": ["a"], "writes": ["b"]},
+                                                    {"name": "my-job", "reads": [], "writes": ["b"]},
+                                                    {"name": "Bad Name", "reads": ["a"]}]})
+    assert refusals == [
+        "stack_spark.jobs.edge[0]: name 'bridge' is another service's Kafka principal; rename the job",
+        "stack_spark.jobs.edge[1] (my-job): `reads` must list the Kafka topics the job reads, e.g. reads: "
+        "[temperature-data]; its Kafka principal may use no other",
+        "stack_spark.jobs.edge[2]: name 'Bad Name' must be 2-42 lower-case letters, digits or dashes (it names the "
+        "job's service and its Kafka principal)",
+        "stack_spark.jobs.edge[2] (Bad Name): `writes` must list the Kafka topics the job writes, e.g. writes: "
+        "[temperature-data]; its Kafka principal may use no other"]
