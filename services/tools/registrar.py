@@ -9,7 +9,9 @@ Two sources:
 Keys are the ids, so the compacted topics keep the latest registration of each.
 
 Examples:
-  iot-registrar --bootstrap-servers kafka-1:9092 file registry.toml
+  KAFKA_USERNAME=admin iot-registrar --bootstrap-servers kafka-1:9092 file registry.toml
+  (on a site's overlay: INTERNAL, SCRAM as KAFKA_USERNAME with /run/secrets/kafka_password; no
+  KAFKA_USERNAME: no login, for test clusters)
   iot-registrar --bootstrap-servers 10.20.0.11:9094 --kafka-user operator fleet --site site-a --devices 5
   (a site's EXTERNAL listener: SASL_SSL, with /run/secrets/kafka_password and kafka_ca.pem mounted)
 """
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 for record in items:
                     print(topic, json.dumps(record))
             return 0
-        security = None
+        security = kafka_auth.internal_config() or None
         if args.kafka_user:
             password = settings.secret("kafka_password", required=True)
             security = kafka_auth.sasl_ssl_config(args.kafka_user, password, args.kafka_ca_file)

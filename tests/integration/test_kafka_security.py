@@ -14,7 +14,14 @@ from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth
 from tooling.testbed.docker_lab import image
-from tooling.testbed.kafka_cluster import create_topics, ensure_access, make_pki, metadata_errors, start_kafka_cluster
+from tooling.testbed.kafka_cluster import (
+    create_topics,
+    ensure_access,
+    make_pki,
+    metadata_errors,
+    probe_internal,
+    start_kafka_cluster,
+)
 
 OPERATOR = ("operator", "operator-password-8f2c1d")
 RELAY, RELAY_PASSWORD = "relay", "relay-password-4b7e9a"
@@ -148,40 +155,8 @@ def test_bad_input_exits_2_naming_the_problem(lab, cluster):
 
 # ------------------------------------------------------------------ INTERNAL: each service as its own principal
 
-# A client on the brokers' network (INTERNAL), in a throwaway services container; its login on stdin.
-INTERNAL_PROBE = r"""
-import json, sys
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-args = json.load(sys.stdin)
-conf = {"bootstrap.servers": args["bootstrap"], "socket.timeout.ms": 5000}
-if args["user"]:
-    conf |= {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
-             "sasl.username": args["user"], "sasl.password": args["password"]}
-errors, out = [], {}
-admin = AdminClient({**conf, "error_cb": lambda e: errors.append(e.name())})
-try:
-    out["topics"] = sorted(admin.list_topics(timeout=10).topics)
-except Exception:
-    out["topics"] = None
-    admin.poll(1)    # serves error_cb, which carries the reason
-out["errors"] = sorted(set(errors))
-for topic in args["write"]:
-    results = []
-    producer = Producer({**conf, "message.timeout.ms": 10000})
-    producer.produce(topic, b"x", on_delivery=lambda err, msg: results.append(err.name() if err else "ok"))
-    producer.flush(15)
-    out["write " + topic] = results[0] if results else "none"
-print(json.dumps(out))
-"""
-
-
 def internal_probe(lab, cluster, user: str = "", password: str = "", write: tuple[str, ...] = ()) -> dict:
-    cmd = ["docker", "run", "-i", "--rm", "--network", lab.network, image("services"), "python", "-c", INTERNAL_PROBE]
-    stdin = json.dumps({"bootstrap": cluster.internal, "user": user, "password": password, "write": list(write)})
-    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return probe_internal(lab.network, cluster.internal, user, password, write)
 
 
 def test_internal_refuses_anonymous_clients_and_wrong_passwords(lab, cluster):

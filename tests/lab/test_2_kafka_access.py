@@ -1,6 +1,7 @@
 """A site's Kafka from the lab network, as any machine on a factory network reaches it: its EXTERNAL
 listener (host port 9094) takes only SCRAM logins over TLS, and the datacenter relay's principal
-may only read the relayed topics (docs/security.md). MirrorMaker still delivering every relayed
+may only read the relayed topics (docs/security.md). On the site's overlay, INTERNAL takes only the
+site's principals, each held to its service's ACLs. MirrorMaker still delivering every relayed
 record over it is shown by test_2_end_to_end (events at the datacenter) and the fault suite's
 dc-cut-off case (relay counted record by record)."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth, names
 from tooling import lab
-from tooling.testbed.kafka_cluster import metadata_errors
+from tooling.testbed.kafka_cluster import metadata_errors, probe_internal
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
 
@@ -111,3 +112,24 @@ def test_mirrormaker_syncs_the_sites_adapter_offsets_to_the_datacenter_through_t
         time.sleep(10)
         found = synced()
     assert found, f"no offsets of {group} on {relayed} reached the datacenter"
+
+
+# ------------------------------------------------------------------ INTERNAL, from the site's overlay
+
+def _probe_on_the_overlay(lab_hosts, user: str = "", password: str = "", write: tuple[str, ...] = ()) -> dict:
+    """A client in a container on site-a's overlay (as any service there), started on its manager."""
+    manager = lab.site_managers(lab_hosts)[SITE]
+    return probe_internal("iot", "kafka-1:9092", user, password, write, via=("docker", "exec", "-i", manager.container))
+
+
+def test_internal_refuses_anonymous_clients_on_the_overlay(lab_hosts):
+    probe = _probe_on_the_overlay(lab_hosts)
+    assert probe["topics"] is None, f"an anonymous client on site-a's overlay got Kafka's metadata: {probe}"
+
+
+def test_a_service_principal_on_the_overlay_sees_and_writes_only_what_its_acls_name(lab_hosts):
+    password = (lab.pki_dir() / SITE / "kafka-bridge.password").read_text().strip()
+    # Writing device-commands would command devices: the bridge only reads it, so the write is refused.
+    probe = _probe_on_the_overlay(lab_hosts, "bridge", password, write=(names.DEVICE_COMMANDS,))
+    assert probe["write " + names.DEVICE_COMMANDS] == "TOPIC_AUTHORIZATION_FAILED", probe
+    assert probe["topics"] == sorted([names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS]), probe

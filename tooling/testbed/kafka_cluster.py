@@ -164,3 +164,46 @@ def metadata_errors(config: dict, seconds: float = 10) -> list[KafkaError]:
         admin.poll(1)    # serves error_cb, which carries the reason
         return [*errors, err.args[0]]
     return []
+
+
+# A client of a site's INTERNAL listener, run in a throwaway services container on the brokers' network;
+# its login comes on stdin. It prints {"topics": [...] or null, "errors": [...], "write <topic>": outcome}.
+INTERNAL_PROBE = r"""
+import json, sys
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+args = json.load(sys.stdin)
+conf = {"bootstrap.servers": args["bootstrap"], "socket.timeout.ms": 5000}
+if args["user"]:
+    conf |= {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+             "sasl.username": args["user"], "sasl.password": args["password"]}
+errors, out = [], {}
+admin = AdminClient({**conf, "error_cb": lambda e: errors.append(e.name())})
+try:
+    out["topics"] = sorted(admin.list_topics(timeout=10).topics)
+except Exception:
+    out["topics"] = None
+    admin.poll(1)    # serves error_cb, which carries the reason
+out["errors"] = sorted(set(errors))
+for topic in args["write"]:
+    results = []
+    producer = Producer({**conf, "message.timeout.ms": 10000})
+    producer.produce(topic, b"x", on_delivery=lambda err, msg: results.append(err.name() if err else "ok"))
+    producer.flush(15)
+    out["write " + topic] = results[0] if results else "none"
+print(json.dumps(out))
+"""
+
+
+def probe_internal(network: str, bootstrap: str, user: str = "", password: str = "", write: tuple[str, ...] = (),
+                   via: tuple[str, ...] = ()) -> dict:
+    """What a client with this login (none: anonymous) gets on INTERNAL: metadata, errors, and the outcome
+    of writing one record to each of `write`. `via`: a command prefix that runs docker elsewhere (a lab
+    host: docker exec -i <host>)."""
+    cmd = [*via, "docker", "run", "-i", "--rm", "--network", network, image("services"), "python", "-c",
+           INTERNAL_PROBE]
+    stdin = json.dumps({"bootstrap": bootstrap, "user": user, "password": password, "write": list(write)})
+    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"INTERNAL probe failed ({result.returncode}): {result.stderr[-2000:]}")
+    return json.loads(result.stdout)
