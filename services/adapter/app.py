@@ -37,7 +37,17 @@ before the write) and the two differences in milliseconds, so for one sensor-day
     FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
 
 and fleet-wide the same without WHERE (a full scan: for measurements, not
-dashboards). Run with --help for the options, --print-schema for the CQL.
+dashboards). write_time is taken as the row is bound, before Cassandra has it. When Cassandra
+stored it is the row's WRITETIME: the adapter lets the coordinator stamp each write with its own
+clock as it applies it (adapter.cassandra), so per row
+
+    SELECT WRITETIME(temperature) / 1000 - toUnixTimestamp(event_time) AS stored_latency_ms
+    FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
+
+is the device-to-stored latency in milliseconds (the clocks of the device and the Cassandra node
+must agree; in the lab and the benchmarks they are one machine's).
+
+Run with --help for the options, --print-schema for the CQL.
 
 Modules: this one holds the Adapter loop and main(); adapter.metrics the Prometheus
 metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.

@@ -138,6 +138,14 @@ def test_adapter_writes_5000_readings_as_5000_rows_with_latency_fields(stack):
         "WHERE site = %s AND sensor_id = %s AND day = %s",
         (SITE, sample["sensor_id"], utc_day(sample["timestamp"]).date)).one()
     assert stats[0] == 250 and 0 < stats[1] <= stats[2]
+    # Stored latency from the row itself: the coordinator stamped the write when it applied it, after the
+    # adapter bound it (write_time), so it is the longer one; the query is the docstring's.
+    stored = session.execute(
+        f"SELECT WRITETIME(temperature) / 1000 - toUnixTimestamp(event_time) AS stored_latency_ms, write_latency_ms "
+        f"FROM {KEYSPACE}.temperature_readings WHERE site = %s AND sensor_id = %s AND day = %s",
+        (SITE, sample["sensor_id"], utc_day(sample["timestamp"]).date)).all()
+    assert len(stored) == 250
+    assert all(r.write_latency_ms <= r.stored_latency_ms < 300_000 for r in stored), stored[:3]
 
 
 def test_adapter_catches_up_after_cassandra_is_stopped_for_30s_without_loss_or_skipped_offsets(stack):
