@@ -5,6 +5,7 @@ here renders the same way in the stack role.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -68,7 +69,13 @@ def stack_settings() -> dict:
     }
 
 
-def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
+def image_ids(**rebuilt: str) -> dict[str, str]:
+    """Stand-in ids of the shipped images (the images role's images_ids); `rebuilt`: name -> another build."""
+    return {n: "sha256:" + hashlib.sha256(f"{n}{rebuilt.get(n, '')}".encode()).hexdigest()
+            for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
+
+
+def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[str, str] | None = None) -> dict:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "compose"), undefined=jinja2.StrictUndefined,
                              trim_blocks=True)
     env.filters.update(CoreFilters().filters())
@@ -87,7 +94,7 @@ def render(tier: str, topology: dict, settings: dict | None = None) -> dict:
                                  "secrets": dict.fromkeys([*declared["secrets"], *pki, *kafka], "s")},
                                 "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(
-        t=topology, s=settings, img=images, files=files, ansible_managed="test")
+        t=topology, s=settings, img=images, img_ids=ids or image_ids(), files=files, ansible_managed="test")
     return yaml.safe_load(text)
 
 
