@@ -477,6 +477,13 @@ def updating(lines: list[str]) -> list[str]:
     return [parts[0] for parts in (line.split() for line in lines) if len(parts) > 1 and parts[1] in busy]
 
 
+def rolled_back(lines: list[str]) -> list[str]:
+    """Services whose last update Swarm rolled back (its new tasks failed their health within the update's
+    monitor window): they run their previous spec, not the stack file's. Same lines as `updating`."""
+    return [parts[0] for parts in (line.split() for line in lines)
+            if len(parts) > 1 and parts[1] == "rollback_completed"]
+
+
 def from_toml(text: str) -> dict:
     """Parse TOML text (e.g. images/versions.toml read with the file lookup)."""
     try:
@@ -493,6 +500,7 @@ class FilterModule:
                 "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
                 "registry_htpasswd": registry_htpasswd,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
-                "updating": updating, "from_toml": from_toml, "secret_refusals": secret_refusals,
+                "updating": updating, "rolled_back": rolled_back, "from_toml": from_toml,
+                "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls,
                 "service_acls": service_acls, "spark_job_refusals": spark_job_refusals}

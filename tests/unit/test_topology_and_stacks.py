@@ -184,6 +184,12 @@ def test_updating_lists_services_with_unfinished_rollouts():
     assert filters.updating(lines) == ["site-a_bridge", "site-a_adapter"]
 
 
+def test_rolled_back_lists_services_left_on_their_previous_spec():
+    lines = ["site-a_bridge rollback_completed", "site-a_kafka-1 completed", "site-a_mosquitto",
+             "site-a_adapter rollback_started"]
+    assert filters.rolled_back(lines) == ["site-a_bridge"]
+
+
 def test_lab_jobs_render_with_their_env_and_spark_conf():
     from tests.unit.stack_render import stack_settings
     from tooling import lab
