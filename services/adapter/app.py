@@ -45,7 +45,8 @@ clock as it applies it (adapter.cassandra), so per row
     FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
 
 is the device-to-stored latency in milliseconds (the clocks of the device and the Cassandra node
-must agree; in the lab and the benchmarks they are one machine's).
+must agree; in the lab and the benchmarks they are one machine's). Shown by
+tests/integration/test_cassandra_adapter.py (stored >= bound for every row).
 
 Run with --help for the options, --print-schema for the CQL.
 

@@ -35,6 +35,12 @@ def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str
     }
 
 
+def sasl_plaintext_config(username: str, password: str) -> dict[str, str]:
+    """librdkafka settings for a SCRAM login to a site's INTERNAL listener."""
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
+            "sasl.username": username, "sasl.password": password}
+
+
 def internal_login(environ: Mapping[str, str] | None = None,
                    secrets_dir: Path | str | None = None) -> tuple[str, str] | None:
     """(user, password) of this service on INTERNAL; None without KAFKA_USERNAME (a test cluster whose
@@ -54,10 +60,7 @@ def internal_config(environ: Mapping[str, str] | None = None,
                     secrets_dir: Path | str | None = None) -> dict[str, str]:
     """librdkafka settings for this service's login to its site's INTERNAL listener ({} without one)."""
     login = internal_login(environ, secrets_dir)
-    if login is None:
-        return {}
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
-            "sasl.username": login[0], "sasl.password": login[1]}
+    return {} if login is None else sasl_plaintext_config(*login)
 
 
 def jaas_config(user: str, password: str) -> str:

@@ -213,8 +213,7 @@ def split_login(users: dict[str, str], login_user: str) -> tuple[dict[str, str],
     if login_user not in users:
         raise InputError(f"--login {login_user}: stdin has no password for {login_user!r}; add it to the JSON object")
     managed = {u: p for u, p in users.items() if u != login_user}
-    return managed, {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": kafka_auth.MECHANISM,
-                     "sasl.username": login_user, "sasl.password": users[login_user]}
+    return managed, kafka_auth.sasl_plaintext_config(login_user, users[login_user])
 
 
 def ensure(args: argparse.Namespace, users: dict[str, str], wanted: list[Acl], login: dict[str, str]) -> int:
