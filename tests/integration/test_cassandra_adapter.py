@@ -15,8 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.adapter.schema import utc_day
-from tests.unit.stack_render import REPO, render_role_template, stack_defaults
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, load_inventory, render_role_template, stack_defaults
 from tooling.testbed.cassandra_node import restart, start_cassandra
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster

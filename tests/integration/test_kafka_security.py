@@ -167,7 +167,7 @@ def test_internal_refuses_anonymous_clients_and_wrong_passwords(lab, cluster):
 
 
 def test_a_service_principal_writes_only_what_its_acls_name(lab, cluster, relay):
-    from tests.unit.stack_render import filters
+    from tooling.stack_render import filters
     user, password = "bridge", f"bridge-{uuid.uuid4().hex}"
     acls = filters.service_acls([{"user": user, "writes": [RELAYED]}])
     access(lab, cluster, {user: password}, acls)

@@ -10,8 +10,7 @@ import yaml
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.unit.stack_render import REPO, filters, render_role_template
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, load_inventory, render_role_template
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, ensure_access, start_kafka_cluster
 

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.unit.stack_render import REPO, filters, render, stack_defaults
+from tooling.stack_render import REPO, filters, render, stack_defaults
 
 _LOADER = importlib.machinery.SourceFileLoader("cassandra_auth_setup",
                                                str(REPO / "images/cassandra/bin/cassandra-auth-setup"))

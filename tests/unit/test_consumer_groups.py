@@ -26,8 +26,16 @@ import pytest
 from services.adapter import settings as adapter_settings
 from services.bridge import settings as bridge_settings
 from services.common import names, settings
-from tests.unit.stack_render import REPO, filters, properties, render, render_mm2, stack_settings, stack_vars
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import (
+    REPO,
+    filters,
+    load_inventory,
+    properties,
+    render,
+    render_mm2,
+    stack_settings,
+    stack_vars,
+)
 
 # Kafka 3.9, connect/mirror DefaultGroupFilter: GROUPS_INCLUDE_DEFAULT and GROUPS_EXCLUDE_DEFAULT.
 MM2_GROUPS_DEFAULT = ".*"

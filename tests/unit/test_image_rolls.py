@@ -3,8 +3,7 @@ container label (compose/_common.j2, macro image), so a rebuilt image changes th
 services that run it, and `docker stack deploy` rolls them."""
 from __future__ import annotations
 
-from tests.unit.stack_render import REPO, filters, image_ids, render
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, image_ids, load_inventory, render
 
 LABEL = "org.iot-stack.image-id"
 

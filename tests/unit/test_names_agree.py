@@ -27,8 +27,7 @@ import pytest
 import yaml
 
 from services.common import names
-from tests.unit.stack_render import REPO
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, load_inventory
 
 TOPICS = {value: key for key, value in vars(names).items()
           if key.isupper() and isinstance(value, str) and not key.startswith(("HEADER_", "MQTT_"))}

@@ -14,8 +14,8 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 from packaging.requirements import Requirement
 
-from tests.unit.stack_render import filters, group_vars
 from tooling import artifacts, images, pins
+from tooling.stack_render import filters, group_vars
 
 
 def test_every_maven_root_is_locked_at_its_pinned_version():

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.stack_render import REPO, filters, render, stack_settings
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, load_inventory, render, stack_settings
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from tests.unit.stack_render import REPO, filters, properties, render_mm2
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, load_inventory, properties, render_mm2
 
 
 def test_relay_may_read_and_describe_relayed_topics_and_describe_its_group_only():

@@ -14,8 +14,7 @@ import stat
 import pytest
 import yaml
 
-from tests.unit.stack_render import REPO, filters, render, stack_vars
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, load_inventory, render, stack_vars
 
 GOOD = "Zx9kQ2rLq0vR7sT1mN4pW8yB"      # what `openssl rand -base64 24` gives: 32 characters, here 24
 USERS = {"stack_cassandra_password": "cassandra", "stack_cassandra_adapter_password": "iot_adapter"}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.unit.stack_render import REPO, filters, render_role_template, stack_defaults
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import REPO, filters, load_inventory, render_role_template, stack_defaults
 
 EDGE_ALIASES = ["site-a", "site-b"]
 
@@ -81,7 +80,7 @@ def test_every_acl_is_one_iot_kafka_access_accepts():
 
 
 def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
-    from tests.unit.stack_render import render
+    from tooling.stack_render import render
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
         services = render(tier, filters.site_topology(hostvars, groups[group], alias, tier))["services"]

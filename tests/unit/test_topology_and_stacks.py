@@ -3,24 +3,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from ansible.inventory.manager import InventoryManager
-from ansible.parsing.dataloader import DataLoader
-from ansible.vars.manager import VariableManager
 
-from tests.unit.stack_render import REPO, filters, group_vars, render, stack_settings
+from tooling.stack_render import REPO, filters, group_vars, load_inventory, render, stack_settings
 
 IGNORED = ["edge", "ungrouped"]
-
-
-def load_inventory(path):
-    loader = DataLoader()
-    inventory = InventoryManager(loader=loader, sources=[str(path)])
-    variables = VariableManager(loader=loader, inventory=inventory)
-    hostvars = {h.name: {**variables.get_vars(host=h), "group_names": sorted(g.name for g in h.get_groups()
-                                                                             if g.name != "all")}
-                for h in inventory.get_hosts()}
-    groups = {g: [h.name for h in inventory.get_hosts(pattern=g)] for g in inventory.groups}
-    return hostvars, groups
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +157,7 @@ def test_unconverged_lists_services_missing_replicas():
 
 
 def test_local_spark_mode_runs_jobs_without_master_or_worker():
-    from tests.unit.stack_render import stack_settings
+    from tooling.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local"}
     services = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
@@ -191,8 +177,8 @@ def test_rolled_back_lists_services_left_on_their_previous_spec():
 
 
 def test_lab_jobs_render_with_their_env_and_spark_conf():
-    from tests.unit.stack_render import stack_settings
     from tooling import lab
+    from tooling.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local", "jobs": lab.LAB_JOBS}
     edge = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]

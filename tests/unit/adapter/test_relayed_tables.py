@@ -7,8 +7,15 @@ from __future__ import annotations
 import pytest
 
 from services.adapter.mappings import Router, parse_mappings
-from tests.unit.stack_render import REPO, filters, properties, render_mm2, render_role_template, stack_defaults
-from tests.unit.test_topology_and_stacks import load_inventory
+from tooling.stack_render import (
+    REPO,
+    filters,
+    load_inventory,
+    properties,
+    render_mm2,
+    render_role_template,
+    stack_defaults,
+)
 
 WITH_READINGS = [*stack_defaults()["stack_relay_topics"], "temperature-data"]
 

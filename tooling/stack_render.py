@@ -1,4 +1,4 @@
-"""Render the compose/ stack templates outside Ansible, for tests and operators.
+"""Render the compose/ stack templates outside Ansible, for tests, benchmarks and operators.
 
 Uses Ansible's own core filters plus the project's filter plugin, so what renders
 here renders the same way in the stack role.
@@ -8,15 +8,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-from pathlib import Path
 
 import jinja2
 import yaml
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.filter.core import FilterModule as CoreFilters
+from ansible.vars.manager import VariableManager
 
 from tooling import pins
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = pins.REPO_ROOT
 
 
 def _plugin():
@@ -145,3 +147,15 @@ def properties(text: str) -> dict[str, str]:
             key, _, value = line.partition("=")
             result[key.strip()] = value.strip()
     return result
+
+
+def load_inventory(path) -> tuple[dict, dict]:
+    """An inventory file as Ansible reads it: hostvars (with group_names) and groups."""
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(path)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    hostvars = {h.name: {**variables.get_vars(host=h), "group_names": sorted(g.name for g in h.get_groups()
+                                                                             if g.name != "all")}
+                for h in inventory.get_hosts()}
+    groups = {g: [h.name for h in inventory.get_hosts(pattern=g)] for g in inventory.groups}
+    return hostvars, groups
