@@ -6,7 +6,7 @@ each). `up` creates them, writes an inventory, runs the same
 starts simulated devices at every site and prints a status table.
 
   scripts/lab up                 hosts, site.yml, devices, status
-  scripts/lab status             the status table again
+  scripts/lab status             the status table again (ansible/status.yml against the lab)
   scripts/lab add-site site-c    one more edge site: a host, an inventory group,
                                  site.yml limited to the datacenter and the new site
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
@@ -510,11 +510,10 @@ def cql(host: LabHost, site: str, query: str) -> str:
     return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
 
 
-def status(hosts: list[LabHost]) -> list[dict]:
-    from tooling import lab_status  # needs confluent-kafka; only imported when asked for
-    managers = site_managers(hosts)
-    clients = {site: kafka_client(f"{host_ip(host)}:9094") for site, host in managers.items()}
-    return lab_status.table(clients, lambda site, query: cql(managers[site], site, query))
+def status(hosts: list[LabHost]) -> subprocess.CompletedProcess:
+    """The status playbook (ansible/status.yml, the status of any deployment) run against the lab's inventory."""
+    from tooling import lab_status
+    return lab_status.run_playbook(write_inventory(hosts))
 
 
 def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
@@ -590,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts))
         register_and_start_devices(hosts, args.rate)
         log("lab", f"lab up in {time.monotonic() - started:.0f}s")
-        print_status(hosts)
+        print_status(hosts, check=False)
         return 0
     hosts = existing_hosts()
     if not hosts:
@@ -605,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
         register_and_start_devices(hosts, args.rate, sites=[args.site])
         log("lab", f"site {args.site} added in {time.monotonic() - started:.0f}s")
-        print_status(hosts)
+        print_status(hosts, check=False)
     elif args.command == "playbook":
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":
@@ -617,13 +616,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_status(hosts: list[LabHost]) -> None:
-    rows = status(hosts)
-    columns = list(rows[0]) if rows else []
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+def print_status(hosts: list[LabHost], check: bool = True) -> None:
+    """Print the status playbook's table. Without `check` (after up and add-site) a failed run is only
+    reported: the lab is up either way."""
+    from tooling import lab_status
+    log("lab", "running ansible/status.yml against the lab")
+    result = status(hosts)
+    table = lab_status.table_text(result.stdout)
+    if result.returncode != 0 or not table:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        message = f"lab: ansible/status.yml failed (exit {result.returncode}); last lines:\n{tail}"
+        if check:
+            raise SystemExit(message)
+        log("lab", message)
+    if table:
+        print(table)
 
 
 if __name__ == "__main__":

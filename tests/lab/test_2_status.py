@@ -1,0 +1,62 @@
+"""`ansible-playbook -i INVENTORY ansible/status.yml` against the running lab: one row per site with the
+figures of a deployment that takes readings (docs/operations.md, "Status of a deployment"), and a run that
+changes nothing. By now test_2_end_to_end has published readings and a hot sensor's events at every site,
+and the lab's simulated devices publish 20 readings/s per site."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tooling import lab_status
+
+pytestmark = pytest.mark.smoke     # about a minute on a running lab: part of the lab smoke
+
+CONVERGED = re.compile(r"^(\d+)/(\d+)$")
+
+
+@pytest.fixture(scope="module")
+def run(inventory):
+    return lab_status.run_playbook(inventory)
+
+
+@pytest.fixture(scope="module")
+def rows(run) -> dict[str, dict[str, str]]:
+    table = lab_status.table_text(run.stdout)
+    print(table)
+    return {row["site"]: row for row in lab_status.parse_table(table)}
+
+
+def test_the_status_run_succeeds_and_changes_nothing(run, lab_hosts):
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-5000:]
+    recap = lab_status.recap(run.stdout)
+    assert set(recap) >= {h.name for h in lab_hosts}, output[-3000:]
+    assert {host: counts for host, counts in recap.items()
+            if counts.get("changed") or counts.get("failed") or counts.get("unreachable")} == {}, recap
+
+
+def test_one_row_per_site_in_the_lab(rows, lab_hosts):
+    assert set(rows) == {h.site for h in lab_hosts}, rows
+    assert list(rows)[-1] == "datacenter", rows
+    assert list(rows[next(iter(rows))]) == list(lab_status.COLUMNS)
+
+
+def test_every_edge_site_takes_readings_stores_them_and_relays_its_events(rows):
+    edge = {site: row for site, row in rows.items() if site != "datacenter"}
+    assert edge, rows
+    for site, row in edge.items():
+        assert float(row["readings/s"]) > 0, (site, row)             # the simulator publishes 20/s
+        assert int(row["readings in kafka"]) > 0, (site, row)
+        assert int(row["adapter lag"]) >= 0, (site, row)
+        assert int(row["events"]) > 0, (site, row)                   # test_2_end_to_end's hot sensor, the fleet's
+        assert int(row["relay lag"]) >= 0, (site, row)
+        assert int(row["cassandra readings"]) > 0, (site, row)
+        assert int(row["cassandra events"]) >= 0, (site, row)
+    assert int(rows["datacenter"]["cassandra events"]) > 0, rows["datacenter"]
+
+
+def test_every_sites_services_are_converged(rows):
+    for site, row in rows.items():
+        match = CONVERGED.match(row["services converged"])
+        assert match and match.group(1) == match.group(2) and int(match.group(2)) > 0, (site, row)

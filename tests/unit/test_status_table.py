@@ -1,0 +1,122 @@
+"""The status table's figures from what Kafka's and Cassandra's tools print (ansible/filter_plugins/iot_stack.py,
+status_table and its parsers), the role's names against the rest of the project, and reading the table back
+from ansible-playbook's output (tooling/lab_status.py)."""
+from __future__ import annotations
+
+import yaml
+
+from services.common import names
+from tooling import lab_status
+from tooling.stack_render import REPO, filters
+
+TOPICS = {"readings": names.TEMPERATURE_DATA, "events": names.THRESHOLD_EVENTS,
+          "readings_table": "temperature_readings", "events_table": "temperature_threshold_events"}
+
+
+def test_the_roles_names_are_the_projects():
+    defaults = yaml.safe_load((REPO / "ansible/roles/status/defaults/main.yml").read_text())
+    assert defaults["status_topics"] == TOPICS
+    assert defaults["status_adapter_group"].endswith("-" + names.CONSUMER_GROUPS["adapter"])
+    stack = yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+    assert f"default({stack['stack_kafka_operator_user']!r})" in defaults["status_kafka_login"]["user"]
+    assert f"default({stack['stack_cassandra_keyspace']!r})" in defaults["status_cassandra_keyspace"]
+    assert str(stack["stack_relay_topics"]) in " ".join(defaults["status_relay_topics"].split())
+    tables = {t["table"] for t in stack["stack_adapter_tables"]["edge"]}
+    assert {TOPICS["readings_table"], TOPICS["events_table"]} <= tables
+
+
+def test_offsets_group_offsets_and_mm2_records_are_read_from_the_tools_output():
+    assert filters.kafka_offsets(["temperature-data:0:12", "temperature-data:1:3", "noise", "x:y:z"]) == \
+        {"temperature-data": {0: 12, 1: 3}}
+    describe = ["", "Consumer group 'g' has no active members.", "",
+                "GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID",
+                "g temperature-data 0 100 120 20 - - -", "g temperature-data 1 - 5 - - - -",
+                "g other 0 7 7 0 - - -"]
+    assert filters.group_offsets(describe, "temperature-data") == {0: 100}
+    assert filters.group_offsets(["Error: Consumer group 'g' does not exist."], "temperature-data") == {}
+    assert filters.mm2_records(['["k",{}]\t{"offset": 1}', '["k",{}]\tnull', "Processed a total of 2"]) == \
+        [(b'["k",{}]', b'{"offset": 1}'), (b'["k",{}]', None)]
+    assert filters.cql_counts(["table a", "", " count", "-------", "   42", "", "(1 rows)", "table b",
+                               "<stdin>:1:InvalidRequest: unconfigured table b"]) == {"a": 42}
+
+
+def test_services_converged_names_the_services_short_of_their_replicas():
+    lines = ["site-a_kafka-1 1/1", "site-a_bridge 1/2", "site-a_mosquitto 1/1 (max 1 per node)"]
+    assert filters.services_converged(lines, "site-a") == "2/3 (bridge 1/2)"
+    assert filters.services_converged(lines[:1] + lines[2:], "site-a") == "2/2"
+    assert filters.services_converged([], "site-a") == "none"
+
+
+def _probe(site: str, first: int, last: int, tier: str = "edge", **extra) -> dict:
+    kafka = "\n".join([f"first temperature-data:0:{first}", "time first 100.0",
+                       f"last temperature-data:0:{last}", f"last {names.THRESHOLD_EVENTS}:0:4", "time last 105.0",
+                       f"earliest {names.THRESHOLD_EVENTS}:0:0",
+                       "group GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID",
+                       f"group g temperature-data 0 {last - 3} {last} 3 - - -"])
+    return {"site": site, "tier": tier, "kafka": kafka, "cassandra": "table temperature_readings\n 9\n",
+            "services": [f"{site}_kafka-1 1/1"], **extra}
+
+
+def test_rows_edge_sites_first_then_the_datacenter_and_a_silent_site_says_so():
+    datacenter = {"site": "datacenter", "tier": "datacenter", "relayed": [names.THRESHOLD_EVENTS],
+                  "mm2": '["MirrorSourceConnector",{"cluster":"site-a","partition":0,"topic":"'
+                         + names.THRESHOLD_EVENTS + '"}]\t{"offset":2}',
+                  "cassandra": "table temperature_threshold_events\n 4\n", "services": ["datacenter_kafka-1 1/1"]}
+    sites = {"datacenter": "datacenter", "site-b": "edge", "site-a": "edge", "site-c": "edge"}
+    rows = filters.status_rows([datacenter, _probe("site-b", 0, 0), _probe("site-a", 100, 200)], sites, TOPICS)
+    assert [r["site"] for r in rows] == ["site-a", "site-b", "site-c", "datacenter"]
+    site_a = rows[0]
+    assert (site_a["readings/s"], site_a["readings in kafka"], site_a["adapter lag"], site_a["events"]) == \
+        ("20", "200", "3", "4")
+    assert site_a["relay lag"] == "1"                      # copied 0..2 of 4
+    assert site_a["cassandra readings"] == "9" and site_a["cassandra events"] == "n/a"
+    assert rows[1]["relay lag"] == "4" and rows[1]["readings/s"] == "0"
+    assert rows[2]["services converged"] == "no answer"
+    assert rows[3]["cassandra events"] == "4" and rows[3]["cassandra readings"] == "-"
+
+
+def test_relay_lag_is_not_relayed_without_the_topic_and_n_a_without_the_datacenter():
+    datacenter = {"site": "datacenter", "tier": "datacenter", "relayed": ["device-registration"], "mm2": ""}
+    rows = filters.status_rows([datacenter, _probe("site-a", 0, 5)], {"site-a": "edge", "datacenter": "datacenter"},
+                               TOPICS)
+    assert rows[0]["relay lag"] == "not relayed"
+    rows = filters.status_rows([_probe("site-a", 0, 5)], {"site-a": "edge"}, TOPICS)
+    assert rows[0]["relay lag"] == "n/a"
+
+
+def test_a_failed_probe_shows_n_a_and_a_note_and_the_table_reads_back():
+    broken = {"site": "site-a", "tier": "edge", "kafka": "time first 1.0\ntime last 2.0", "cassandra": "",
+              "services": [], "errors": {"kafka": "Error occurred: Timed out waiting for a node assignment."}}
+    text = filters.status_table([broken], {"site-a": "edge"}, TOPICS)
+    rows = filters.parse_table(text)
+    assert rows == [{"site": "site-a", "readings/s": "n/a", "readings in kafka": "n/a", "adapter lag": "n/a",
+                     "events": "n/a", "relay lag": "n/a", "cassandra readings": "n/a", "cassandra events": "n/a",
+                     "services converged": "none"}]
+    assert text.endswith("\n\nsite-a: the kafka probe failed: Error occurred: Timed out waiting for a node assignment.")
+
+
+OUTPUT = """TASK [status : Print the status of every site] *********************************
+ok: [site-a-1] =>
+    msg: |-
+        site        readings/s  readings in kafka  services converged
+        site-a      20          300                12/12
+        datacenter  -           -                  11/12 (notifier 0/1)
+
+        datacenter: the cassandra probe failed: exit 2
+
+PLAY RECAP *********************************************************************
+dc-1                       : ok=14   changed=0    unreachable=0    failed=0    skipped=3    rescued=0    ignored=0
+site-a-1                   : ok=16   changed=1    unreachable=0    failed=0    skipped=2    rescued=0    ignored=0
+"""
+
+
+def test_the_table_and_the_recap_are_read_from_ansible_playbooks_output():
+    rows = lab_status.parse_table(lab_status.table_text(OUTPUT))
+    assert rows == [{"site": "site-a", "readings/s": "20", "readings in kafka": "300", "services converged": "12/12"},
+                    {"site": "datacenter", "readings/s": "-", "readings in kafka": "-",
+                     "services converged": "11/12 (notifier 0/1)"}]
+    assert "cassandra probe failed" in lab_status.table_text(OUTPUT)
+    assert lab_status.recap(OUTPUT)["site-a-1"]["changed"] == 1
+    assert lab_status.recap(OUTPUT)["dc-1"] == {"ok": 14, "changed": 0, "unreachable": 0, "failed": 0, "skipped": 3,
+                                                 "rescued": 0, "ignored": 0}
+    assert lab_status.table_text("PLAY RECAP ****\n") == ""
