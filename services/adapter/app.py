@@ -136,6 +136,9 @@ def _raise_if_fatal(error: Any) -> None:
         raise ConsumerFailed(str(error))
 
 
+PATTERN_REFRESH_MS = 30_000
+
+
 def consumer_config(settings: Settings) -> dict[str, Any]:
     """The Kafka consumer's configuration (without callbacks)."""
     config: dict[str, Any] = {
@@ -145,6 +148,10 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "queued.max.messages.kbytes": 16384,      # bound the prefetch: the container has a memory limit
+        # The datacenter subscribes by pattern (<site>.<topic>): librdkafka matches new topics only when it
+        # refreshes metadata, by default every 5 min, so a new site's (or a first deploy's) relayed records
+        # waited up to 5 min (scripts/bench e2e's warm-up showed 300 s). 30 s bounds that wait.
+        "topic.metadata.refresh.interval.ms": PATTERN_REFRESH_MS,
         **kafka_auth.internal_config(),           # its own principal: reads its topics in its group
     }
     if settings.group_instance_id:

@@ -223,6 +223,8 @@ def test_consumer_is_a_dynamic_member_with_a_45s_session_by_default(monkeypatch)
     config = consumer_config(load(parser().parse_args([])))
     assert "group.instance.id" not in config and config["session.timeout.ms"] == 45000
     assert config["group.id"] == names.CONSUMER_GROUPS["adapter"] and config["enable.auto.commit"] is False
+    # A pattern subscription sees a new site's relayed topics within 30 s (librdkafka's default: 5 min).
+    assert config["topic.metadata.refresh.interval.ms"] == 30_000
 
 
 def test_group_instance_id_and_session_timeout_reach_the_consumer(monkeypatch):
