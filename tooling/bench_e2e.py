@@ -12,8 +12,11 @@ A reading's `timestamp` is the wall-clock time it was published; every figure is
   a  device -> site Kafka                when a consumer of temperature-data receives it
   b  device -> site Cassandra            WRITETIME of its row (the coordinator's clock when it applied the
                                          write: the adapter uses server-side timestamps) - event time
-  b0 the same, thesis adapter            one synchronous INSERT per record (the thesis' adapter), reading
-                                         the same topic in the same run into keyspace `thesis`
+     b1 of which device -> bridge        its ingest_latency_ms: the bridge's receipt time - event time
+     b2 of which device -> adapter       its write_latency_ms: when the adapter bound the row - event time
+  b0 the same, thesis adapter            one synchronous INSERT per record (the thesis' adapter) into keyspace
+                                         `thesis`: right after each rate, the same rate again with the
+                                         site's adapter paused (docker pause), so each has Cassandra to itself
   c  device -> datacenter Kafka          when a read_committed consumer of site-a.temperature-data receives it
   d  device -> datacenter Cassandra      as (b), in the datacenter's Cassandra
   e  hot reading -> event at the site    when a consumer receives the episode's opening threshold event
@@ -39,6 +42,8 @@ from pathlib import Path
 PATHS = {
     "a": "device -> site Kafka",
     "b": "device -> site Cassandra",
+    "b1": "  of which device -> bridge",
+    "b2": "  of which device -> adapter",
     "b0": "  thesis adapter (sync INSERT)",
     "c": "device -> datacenter Kafka",
     "d": "device -> datacenter Cassandra",
@@ -108,7 +113,7 @@ def publish(port: int, ca: str, device: str, password: str, rate: float, seconds
     client.on_publish = on_publish
     client.connect("127.0.0.1", port, keepalive=30)
     client.loop_start()
-    counts = [0] * len(sensors)
+    counts = [0] * len(sensors)         # readings sent per sensor (its hot/cold phase)
     last_ms = [0] * len(sensors)
     topics = [names.MQTT_READINGS.format(site="site-a", device_id=device, sensor_id=s) for s in sensors]
     sent, start = 0, time.monotonic()
@@ -129,8 +134,10 @@ def publish(port: int, ca: str, device: str, password: str, rate: float, seconds
         time.sleep(0.05)
     client.disconnect()
     client.loop_stop()
+    # PUBACKs come in publish order: the acknowledged readings are the first acked[0] sent, round robin.
+    share = [acked[0] // len(sensors) + (i < acked[0] % len(sensors)) for i in range(len(sensors))]
     results.put({"device": device, "sent": sent, "acked": acked[0], "refused": refused[0], "seconds": took,
-                 "episodes": sum(episodes(c, run) for c in counts)})
+                 "episodes": sum(episodes(c, run) for c in share)})
 
 
 # ------------------------------------------------------------------ the thesis adapter (its own process)
@@ -187,7 +194,8 @@ class KafkaObserver(threading.Thread):
     def run(self) -> None:
         self.consumer.subscribe([self.topic])
         while not self.stopped.is_set():
-            batch = self.consumer.consume(num_messages=2000, timeout=0.2)
+            # consume() waits until it has the whole batch or the timeout passed: keep that wait short
+            batch = self.consumer.consume(num_messages=2000, timeout=0.005)
             now_ms = int(time.time() * 1000)
             for msg in batch:
                 if msg.error() is not None:
@@ -202,11 +210,13 @@ class KafkaObserver(threading.Thread):
         return len(self.latencies.get(tag, ()))
 
 
-def stored_latencies(session, keyspace: str, table: str, sensors: list[str], days: list, opening_only: bool = False
-                     ) -> list[int]:
-    """WRITETIME - event time of every row of `sensors` (opening events only, for the events table)."""
+def stored_latencies(session, keyspace: str, table: str, sensors: list[str], days: list, opening_only: bool = False,
+                     stages: dict[str, list[int]] | None = None) -> list[int]:
+    """WRITETIME - event time of every row of `sensors` (opening events only, for the events table); with
+    `stages`, each reading's ingest_latency_ms (the bridge's receipt) and write_latency_ms (the adapter's
+    bind) are appended to stages["b1"] and stages["b2"]."""
     column = "temperature" if table == READINGS_TABLE else "temperature_threshold"
-    extra = ", is_first" if opening_only else ""
+    extra = ", is_first" if opening_only else ", ingest_latency_ms, write_latency_ms" if stages is not None else ""
     query = session.prepare(f"SELECT WRITETIME({column}) AS written, event_time{extra} FROM {keyspace}.{table} "
                             "WHERE site = ? AND sensor_id = ? AND day = ?")
     futures = [session.execute_async(query, ("site-a", s, day)) for s in sensors for day in days]
@@ -217,6 +227,9 @@ def stored_latencies(session, keyspace: str, table: str, sensors: list[str], day
                 continue
             event_ms = int(row.event_time.timestamp() * 1000)
             latencies.append(row.written // 1000 - event_ms)
+            if stages is not None:
+                stages["b1"].append(row.ingest_latency_ms)
+                stages["b2"].append(row.write_latency_ms)
     return latencies
 
 
@@ -255,26 +268,15 @@ def percentiles(values: list[int]) -> dict:
     return {"n": len(ordered), "p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": ordered[-1]}
 
 
-def run_rate(pipeline, observers: dict, sessions: dict, args: argparse.Namespace, rate: int) -> dict:
-    from services.adapter.schema import utc_day
-    from services.common import names
+def publish_phase(pipeline, observers: dict, args: argparse.Namespace, rate: int, tag: str,
+                  baseline_written=None) -> tuple[list[str], dict]:
+    """Every publisher at its share of `rate` for --seconds; returns the phase's sensors and counts."""
     from tooling.progress import log
-    from tooling.testbed import pipeline as stack
 
-    tag = f"r{rate}"
     spawn = multiprocessing.get_context("spawn")
     devices = sorted(pipeline.devices)[:args.publishers]
     sensors = {d: [f"{tag}-{d}-{k}" for k in range(args.sensors // len(devices))] for d in devices}
-    all_sensors = [s for group in sensors.values() for s in group]
-    site, dc = pipeline.site_kafka.client(), pipeline.dc_kafka.client()
-    start_offsets = end_offsets(site, names.TEMPERATURE_DATA)
-    stop_baseline, baseline_written = spawn.Event(), spawn.Value("q", 0)
-    baseline = spawn.Process(target=thesis_adapter, args=(pipeline.site_kafka.external, start_offsets,
-                                                           pipeline.site_cassandra.host_port, stop_baseline,
-                                                           baseline_written), daemon=True)
-    baseline.start()
     results = spawn.Queue()
-    begin_ms = int(time.time() * 1000)
     publishers = [spawn.Process(target=publish, args=(pipeline.mqtt_port, pipeline.mqtt_ca, d, pipeline.devices[d],
                                                       rate / len(devices), args.seconds, sensors[d], args.run, results),
                                 daemon=True) for d in devices]
@@ -282,50 +284,87 @@ def run_rate(pipeline, observers: dict, sessions: dict, args: argparse.Namespace
         p.start()
     while any(p.is_alive() for p in publishers):
         time.sleep(1)
-        log("publish", f"{rate}/s: {observers['a'].count(tag)} readings in the site's Kafka, "
-                       f"{observers['c'].count(tag)} at the datacenter, thesis adapter {baseline_written.value}",
+        log("publish", f"{tag}: {observers['a'].count(tag)} readings in the site's Kafka, "
+                       f"{observers['c'].count(tag)} at the datacenter"
+                       + ("" if baseline_written is None else f", thesis adapter {baseline_written.value}"),
             every=10)
     sent = [results.get(timeout=30) for _ in publishers]
-    acked = sum(r["acked"] for r in sent)
-    expected_events = sum(r["episodes"] for r in sent)
-    log("publish", f"{rate}/s: {sum(r['sent'] for r in sent)} published, {acked} acknowledged "
-                   f"in {max(r['seconds'] for r in sent):.1f}s", force=True)
+    counts = {"published": sum(r["sent"] for r in sent), "acked": sum(r["acked"] for r in sent),
+              "refused": sum(r["refused"] for r in sent), "events_expected": sum(r["episodes"] for r in sent),
+              "achieved_rate": round(sum(r["sent"] for r in sent) / max(r["seconds"] for r in sent))}
+    log("publish", f"{tag}: {counts['published']} published, {counts['acked']} acknowledged", force=True)
+    return [s for group in sensors.values() for s in group], counts
 
-    deadline = time.monotonic() + args.drain
+
+def run_rate(pipeline, observers: dict, sessions: dict, args: argparse.Namespace, rate: int) -> dict:
+    """The pipeline at `rate`, then the thesis adapter at the same rate with the site's adapter paused (so
+    each has the site's Cassandra to itself, and the pipeline's figures do not pay for the baseline's CPU)."""
+    from services.adapter.schema import utc_day
+    from services.common import names
+    from tooling.progress import log
+    from tooling.testbed import pipeline as stack
+    from tooling.testbed.docker_lab import docker
+
+    tag = f"r{rate}"
+    site, dc = pipeline.site_kafka.client(), pipeline.dc_kafka.client()
+    begin_ms = int(time.time() * 1000)
+    sensors, counts = publish_phase(pipeline, observers, args, rate, tag)
+    acked, expected_events = counts["acked"], counts["events_expected"]
+    relayed = [stack.RELAYED_READINGS, f"{stack.SITE}.{names.THRESHOLD_EVENTS}"]
 
     def drained() -> bool:
         # At the datacenter each partition may end in a transaction marker that no commit passes.
-        relayed = [stack.RELAYED_READINGS, f"{stack.SITE}.{names.THRESHOLD_EVENTS}"]
         return (observers["a"].count(tag) >= acked and observers["c"].count(tag) >= acked
                 and observers["e"].count(tag) >= expected_events
                 and group_lag(site, names.TEMPERATURE_DATA, f"{stack.SITE}-cassandra-adapter") == 0
                 and all(group_lag(dc, topic, f"{stack.DATACENTER}-cassandra-adapter") <= len(end_offsets(dc, topic))
                         for topic in relayed))
 
+    deadline = time.monotonic() + args.drain
     while time.monotonic() < deadline and not drained():
         time.sleep(2)
-        log("drain", f"{rate}/s: site {observers['a'].count(tag)}/{acked}, datacenter "
-                     f"{observers['c'].count(tag)}/{acked}, events {observers['e'].count(tag)}/{expected_events}, "
-                     f"thesis adapter {baseline_written.value}/{acked}", every=10)
-    while time.monotonic() < deadline and baseline_written.value < acked:
-        time.sleep(1)
-        log("drain", f"{rate}/s: thesis adapter {baseline_written.value}/{acked}", every=10)
-    stop_baseline.set()
-    baseline.join(30)
+        log("drain", f"{tag}: site {observers['a'].count(tag)}/{acked}, datacenter "
+                     f"{observers['c'].count(tag)}/{acked}, events {observers['e'].count(tag)}/{expected_events}",
+            every=10)
     days = sorted({utc_day(begin_ms).date, utc_day(int(time.time() * 1000)).date})
-    log("count", f"{rate}/s: reading write times from both Cassandras", force=True)
+    log("count", f"{tag}: reading write times from both Cassandras", force=True)
+    stages: dict[str, list[int]] = {"b1": [], "b2": []}
     figures = {
         "a": observers["a"].latencies.get(tag, []),
-        "b": stored_latencies(sessions["site"], "iot", READINGS_TABLE, all_sensors, days),
-        "b0": stored_latencies(sessions["site"], BASELINE_KEYSPACE, READINGS_TABLE, all_sensors, days),
+        "b": stored_latencies(sessions["site"], "iot", READINGS_TABLE, sensors, days, stages=stages),
+        **stages,
         "c": observers["c"].latencies.get(tag, []),
-        "d": stored_latencies(sessions["dc"], "iot", READINGS_TABLE, all_sensors, days),
+        "d": stored_latencies(sessions["dc"], "iot", READINGS_TABLE, sensors, days),
         "e": observers["e"].latencies.get(tag, []),
-        "f": stored_latencies(sessions["dc"], "iot", EVENTS_TABLE, all_sensors, days, opening_only=True),
+        "f": stored_latencies(sessions["dc"], "iot", EVENTS_TABLE, sensors, days, opening_only=True),
     }
-    return {"rate": rate, "published": sum(r["sent"] for r in sent), "acked": acked,
-            "refused": sum(r["refused"] for r in sent), "events_expected": expected_events,
-            "achieved_rate": round(sum(r["sent"] for r in sent) / max(r["seconds"] for r in sent)),
+
+    log("baseline", f"{rate}/s again, into the thesis adapter; the site's adapter paused", force=True)
+    adapter = f"{pipeline.lab.network}-cassandra-adapter"
+    spawn = multiprocessing.get_context("spawn")
+    stop_baseline, written = spawn.Event(), spawn.Value("q", 0)
+    baseline = spawn.Process(target=thesis_adapter, args=(pipeline.site_kafka.external,
+                                                           end_offsets(site, names.TEMPERATURE_DATA),
+                                                           pipeline.site_cassandra.host_port, stop_baseline, written),
+                             daemon=True)
+    docker("pause", adapter)
+    try:
+        baseline.start()
+        baseline_sensors, baseline_counts = publish_phase(pipeline, observers, args, rate, f"{tag}t", written)
+        deadline = time.monotonic() + args.drain
+        while time.monotonic() < deadline and written.value < baseline_counts["acked"]:
+            time.sleep(1)
+            log("drain", f"{tag}t: thesis adapter {written.value}/{baseline_counts['acked']}", every=10)
+        stop_baseline.set()
+        baseline.join(30)
+    finally:
+        docker("unpause", adapter)
+    figures["b0"] = stored_latencies(sessions["site"], BASELINE_KEYSPACE, READINGS_TABLE, baseline_sensors, days)
+    deadline = time.monotonic() + args.drain       # the site's adapter catches up before the next rate
+    while time.monotonic() < deadline and group_lag(site, names.TEMPERATURE_DATA, f"{stack.SITE}-cassandra-adapter"):
+        time.sleep(2)
+        log("drain", f"{tag}t: the site's adapter catching up", every=10)
+    return {"rate": rate, **counts, "baseline_acked": baseline_counts["acked"],
             "paths": {k: percentiles(v) for k, v in figures.items()}}
 
 
@@ -373,7 +412,7 @@ def print_table(results: list[dict]) -> None:
     print("\nend-to-end latency, ms (event time = the device's publish time; one 2-core machine, indicative)")
     print(f"{'rate/s':>7} {'path':<38}{'count':>16}{'p50':>9}{'p95':>9}{'p99':>9}{'max':>9}")
     for r in results:
-        counts = {"a": r["acked"], "b": r["acked"], "b0": r["acked"], "c": r["acked"], "d": r["acked"],
+        counts = {**dict.fromkeys(("a", "b", "b1", "b2", "c", "d"), r["acked"]), "b0": r["baseline_acked"],
                   "e": r["events_expected"], "f": r["events_expected"]}
         for key, label in PATHS.items():
             f = r["paths"][key]
