@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from tooling import pins
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 
@@ -99,7 +100,7 @@ def test_spark_image_imports_the_python_stack_as_app_user():
     result = docker("run", "--rm", image("spark"), "python", "-c",
                     "import os, pyspark, pandas, pyarrow, grpc, google.protobuf, services; "
                     "print(os.getuid(), pyspark.__version__)")
-    assert result.stdout.split() == ["1000", "4.0.1"], result.stderr
+    assert result.stdout.split() == ["1000", pins.load().versions["spark"]], result.stderr
 
 
 def test_spark_worker_refuses_to_start_without_master_url():
