@@ -41,6 +41,12 @@ CHECKPOINT_DIR = Option("checkpoint_dir", "CHECKPOINT_DIR", None,
                         "checkpoint root, one directory per query; see spark/README.md", required=True)
 TRIGGER_INTERVAL = Option("trigger_interval", "TRIGGER_INTERVAL", "",
                           "micro-batch interval, e.g. '2 seconds' (empty: next batch as soon as the last ends)")
+# The threshold detector's dead-letter query reads every reading again only to find the invalid ones. Back to
+# back it took the job's one core from the event query for each of its micro-batches; dead letters are not
+# urgent, so by default it runs every 10 s with more rows per (fixed-cost) batch. scripts/bench spark measures it.
+DEAD_LETTER_TRIGGER_INTERVAL = Option("dead_letter_trigger_interval", "DEAD_LETTER_TRIGGER_INTERVAL", "10 seconds",
+                                      "micro-batch interval of the threshold detector's dead-letter query "
+                                      "('0 seconds': back to back)")
 STOP_TIMEOUT_SECONDS = Option("stop_timeout_seconds", "STOP_TIMEOUT_SECONDS", 60,
                               "seconds a query may finish its running micro-batch on SIGTERM", integer(0))
 LOG_LEVEL = Option("log_level", "IOT_STACK_LOG_LEVEL", "INFO", "log level of the driver")
@@ -133,9 +139,9 @@ def checkpoint(job: str, query: str) -> str:
     return f"{root.rstrip('/')}/{query}"
 
 
-def trigger_options() -> dict[str, str]:
-    """TRIGGER_INTERVAL ('2 seconds'); unset: next micro-batch as soon as the last one ends."""
-    interval = settings.value(TRIGGER_INTERVAL)
+def trigger_options(option: Option = TRIGGER_INTERVAL) -> dict[str, str]:
+    """The micro-batch trigger `option` sets ('2 seconds'); unset: next micro-batch as soon as the last ends."""
+    interval = settings.value(option)
     return {"processingTime": interval} if interval else {}
 
 
@@ -244,16 +250,17 @@ def offset_regressions(start: object, end: object) -> list[str]:
 
 
 def write_kafka(records: DataFrame, kafka: KafkaSettings, name: str, checkpoint_dir: str,
-                topic: str | None = None) -> DataStreamWriter:
-    """records: key, value, optional headers, and `topic` unless `topic` is given.
+                topic: str | None = None, trigger: Option = TRIGGER_INTERVAL) -> DataStreamWriter:
+    """records: key, value, optional headers, and `topic` unless `topic` is given; `trigger`: the setting
+    of its micro-batch interval.
 
     Returns the writer; run_until_stopped starts it (and can start it again)."""
     writer = (records.writeStream.format("kafka").queryName(name)
               .options(**kafka.options)
               .option("checkpointLocation", checkpoint_dir)
               .outputMode("append"))
-    if trigger_options():
-        writer = writer.trigger(**trigger_options())
+    if trigger_options(trigger):
+        writer = writer.trigger(**trigger_options(trigger))
     if topic:
         writer = writer.option("topic", topic)
     return writer

@@ -3,7 +3,7 @@
 Environment (spark/README.md has the full list): KAFKA_BOOTSTRAP_SERVERS, SITE,
 CHECKPOINT_DIR required; STARTING_OFFSETS, THRESHOLDS / THRESHOLDS_FILE,
 STATE_TTL_SECONDS, READINGS_TOPIC[_PATTERN], SENSOR_REGISTRATION_TOPIC[_PATTERN],
-THRESHOLD_EVENTS_TOPIC, DEAD_LETTER_TOPIC, TRIGGER_INTERVAL, KAFKA_OPTION_*.
+THRESHOLD_EVENTS_TOPIC, DEAD_LETTER_TOPIC, TRIGGER_INTERVAL, DEAD_LETTER_TRIGGER_INTERVAL, KAFKA_OPTION_*.
 """
 import sys
 from pathlib import Path
@@ -45,7 +45,8 @@ def run() -> None:
                                    events_checkpoint, topic=events_topic)]
     if dead_letter_topic != "none":
         writers.append(runtime.write_kafka(readings.dead_letters(parsed, dead_letter_topic), kafka,
-                                           "dead-letter", dead_letter_checkpoint))
+                                           "dead-letter", dead_letter_checkpoint,
+                                           trigger=runtime.DEAD_LETTER_TRIGGER_INTERVAL))
     runtime.run_until_stopped(spark, writers)
 
 

@@ -121,3 +121,14 @@ def test_batches_between_two_progress_checks_are_checked_too(caplog):
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "kafka data skipped query=notifications batch=6 skipped_total=1: site-a.e[0] went back from offset 10 to 3 "
         "(failOnDataLoss=false)"]
+
+
+def test_the_dead_letter_query_runs_every_10s_and_the_event_query_back_to_back_by_default(monkeypatch):
+    for variable in ("TRIGGER_INTERVAL", "DEAD_LETTER_TRIGGER_INTERVAL"):
+        monkeypatch.delenv(variable, raising=False)
+    assert runtime.trigger_options() == {}
+    assert runtime.trigger_options(runtime.DEAD_LETTER_TRIGGER_INTERVAL) == {"processingTime": "10 seconds"}
+    monkeypatch.setenv("TRIGGER_INTERVAL", "2 seconds")
+    monkeypatch.setenv("DEAD_LETTER_TRIGGER_INTERVAL", "0 seconds")
+    assert runtime.trigger_options() == {"processingTime": "2 seconds"}
+    assert runtime.trigger_options(runtime.DEAD_LETTER_TRIGGER_INTERVAL) == {"processingTime": "0 seconds"}
