@@ -1,6 +1,6 @@
 """Benchmark: threshold-detector micro-batch latency at given reading rates.
 
-    python -m tooling.bench_spark [--rates 1000,5000] [--seconds 60] [--sensors 100] [--warmup 15]
+    python -m tooling.bench_spark [--rates 1000,5000] [--seconds 60] [--sensors 100] [--warmup 15] [--conf K=V]
 
 Kafka (one broker) and the threshold-detector job (spark image, local mode,
 `submit` role exactly as deployed) run as containers on a fresh lab network,
@@ -118,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=15, help="seconds of each rate left out of the figures")
     parser.add_argument("--drain", type=float, default=60, help="max wait for the last events after producing")
     parser.add_argument("--trigger", default="", help="TRIGGER_INTERVAL of the job (default: back to back)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the job (spark-submit --conf), e.g. spark.sql.shuffle.partitions=1; "
+                             "repeatable")
     args = parser.parse_args(argv)
     rates = [int(r) for r in args.rates.split(",")]
+    if bad := [c for c in args.conf if "=" not in c]:
+        parser.error(f"--conf takes KEY=VALUE, got {bad[0]!r}")
 
     lab = Lab()
     try:
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         create_topics(cluster, names.TEMPERATURE_DATA, names.THRESHOLD_EVENTS, names.DEAD_LETTER)
         create_topics(cluster, names.SENSOR_REGISTRATION, partitions=1, config={"cleanup.policy": "compact"})
         log("setup", "starting threshold-detector (spark image, local mode)")
-        lab.run("spark", "detector", "submit", "--name", "threshold-detector", JOB, memory="3g", env={
+        confs = [arg for c in args.conf for arg in ("--conf", c)]
+        lab.run("spark", "detector", "submit", "--name", "threshold-detector", *confs, JOB, memory="3g", env={
             "KAFKA_BOOTSTRAP_SERVERS": cluster.internal, "SITE": "bench", "CHECKPOINT_DIR": "/tmp/checkpoints",
             "STARTING_OFFSETS": "latest", **({"TRIGGER_INTERVAL": args.trigger} if args.trigger else {})})
         reader = EventReader(cluster.external)
