@@ -282,6 +282,9 @@ def publish_phase(pipeline, observers: dict, args: argparse.Namespace, rate: int
                                 daemon=True) for d in devices]
     for p in publishers:
         p.start()
+    cpu: dict[str, float] = {}
+    sampler = threading.Timer(args.seconds / 2, lambda: cpu.update(container_cpu(pipeline.lab)))
+    sampler.start()
     while any(p.is_alive() for p in publishers):
         time.sleep(1)
         log("publish", f"{tag}: {observers['a'].count(tag)} readings in the site's Kafka, "
@@ -292,8 +295,25 @@ def publish_phase(pipeline, observers: dict, args: argparse.Namespace, rate: int
     counts = {"published": sum(r["sent"] for r in sent), "acked": sum(r["acked"] for r in sent),
               "refused": sum(r["refused"] for r in sent), "events_expected": sum(r["episodes"] for r in sent),
               "achieved_rate": round(sum(r["sent"] for r in sent) / max(r["seconds"] for r in sent))}
+    sampler.join()
+    counts["cpu"] = cpu
     log("publish", f"{tag}: {counts['published']} published, {counts['acked']} acknowledged", force=True)
     return [s for group in sensors.values() for s in group], counts
+
+
+def container_cpu(lab) -> dict[str, float]:
+    """CPU of each container now, in % of one core (docker stats), largest first: where the time goes."""
+    from tooling.testbed.docker_lab import docker
+
+    out = docker("stats", "--no-stream", "--format", "{{.Name}} {{.CPUPerc}}", *lab.containers, check=False).stdout
+    cpu = {}
+    for line in out.splitlines():
+        name, _, percent = line.rpartition(" ")
+        try:
+            cpu[name.removeprefix(lab.network + "-")] = float(percent.rstrip("%"))
+        except ValueError:
+            continue
+    return dict(sorted(cpu.items(), key=lambda item: -item[1]))
 
 
 def run_rate(pipeline, observers: dict, sessions: dict, args: argparse.Namespace, rate: int) -> dict:
@@ -424,6 +444,10 @@ def print_table(results: list[dict]) -> None:
                   f"{b0['p99'] / max(b['p99'], 1):.1f}x   (stored {b0['n']:,} vs {b['n']:,})")
         print(f"{'':>8}published {r['published']:,} (achieved {r['achieved_rate']:,}/s), acknowledged "
               f"{r['acked']:,}, refused {r['refused']:,}; counts are received or stored / expected")
+        if r.get("cpu"):
+            total = sum(r["cpu"].values())
+            print(f"{'':>8}CPU mid-run, % of one core (2 cores = 200): containers {total:.0f}, "
+                  + ", ".join(f"{name} {percent:.0f}" for name, percent in r["cpu"].items() if percent >= 1))
 
 
 def lost(results: list[dict]) -> list[str]:
