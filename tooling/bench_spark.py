@@ -1,6 +1,7 @@
 """Benchmark: threshold-detector micro-batch latency at given reading rates.
 
-    python -m tooling.bench_spark [--rates 1000,5000] [--seconds 60] [--sensors 100] [--warmup 15] [--conf K=V]
+    python -m tooling.bench_spark [--rates 1000,5000] [--seconds 60] [--sensors 100] [--warmup 15]
+                                  [--conf KEY=VALUE] [--env NAME=VALUE]
 
 Kafka (one broker) and the threshold-detector job (spark image, local mode,
 `submit` role exactly as deployed) run as containers on a fresh lab network,
@@ -121,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the job (spark-submit --conf), e.g. spark.sql.shuffle.partitions=1; "
                              "repeatable")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the job, e.g. DEAD_LETTER_TRIGGER_INTERVAL='0 seconds'; "
+                             "repeatable")
     args = parser.parse_args(argv)
     rates = [int(r) for r in args.rates.split(",")]
-    if bad := [c for c in args.conf if "=" not in c]:
-        parser.error(f"--conf takes KEY=VALUE, got {bad[0]!r}")
+    if bad := [c for c in args.conf + args.env if "=" not in c]:
+        parser.error(f"--conf and --env take KEY=VALUE, got {bad[0]!r}")
 
     lab = Lab()
     try:
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         confs = [arg for c in args.conf for arg in ("--conf", c)]
         lab.run("spark", "detector", "submit", "--name", "threshold-detector", *confs, JOB, memory="3g", env={
             "KAFKA_BOOTSTRAP_SERVERS": cluster.internal, "SITE": "bench", "CHECKPOINT_DIR": "/tmp/checkpoints",
-            "STARTING_OFFSETS": "latest", **({"TRIGGER_INTERVAL": args.trigger} if args.trigger else {})})
+            "STARTING_OFFSETS": "latest", **({"TRIGGER_INTERVAL": args.trigger} if args.trigger else {}),
+            **dict(e.split("=", 1) for e in args.env)})
         reader = EventReader(cluster.external)
         reader.start()
         producer = Producer({"bootstrap.servers": cluster.external, "linger.ms": 5, "acks": "all"})
