@@ -1,6 +1,6 @@
 """Threshold detection: readings (+ sensor registrations) -> threshold events.
 
-One transformWithStateInPandas keyed by sensor_id sees two kinds of rows: the
+One transformWithState (Row interface) keyed by sensor_id sees two kinds of rows: the
 sensor's registrations (from the compacted `sensor-registration` topic, to learn
 its sensor type and so its limits) and its readings. Per sensor it keeps:
 - `sensor_type`: no TTL; bounded by the registry, cleared by a tombstone;
@@ -16,10 +16,9 @@ no-data micro-batches (SESSION_CONF) and TTL eviction runs with the data batches
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -29,6 +28,7 @@ from services.common import contracts
 
 EVENT_DDL = contracts.spark_ddl(contracts.THRESHOLD_EVENT.name)
 EVENT_FIELDS = contracts.THRESHOLD_EVENT.field_names()
+EVENT_ROW = Row(*EVENT_FIELDS)
 STATE_DDL = ("newest_ms BIGINT, exceeding BOOLEAN, threshold DOUBLE, hysteresis DOUBLE, first_ms BIGINT, "
              "last_ms BIGINT, total DOUBLE, count BIGINT, peak DOUBLE")
 # Columns of the unioned input of the state machine.
@@ -66,7 +66,10 @@ def detect_thresholds(readings: DataFrame, registrations: DataFrame | None, conf
     rows = reading_rows(readings)
     if registrations is not None:
         rows = rows.unionByName(registrations)
-    return rows.groupBy("sensor_id").transformWithStateInPandas(
+    # The Row interface, not transformWithStateInPandas: a micro-batch holds a few readings of each of many
+    # sensors, and building a pandas DataFrame per sensor made each batch cost seconds at a thousand sensors
+    # (Spark's guide recommends transformWithState for high key cardinality; scripts/bench spark --sensors 1000).
+    return rows.groupBy("sensor_id").transformWithState(
         statefulProcessor=HysteresisProcessor(config, ttl_ms),
         outputStructType=EVENT_DDL,
         outputMode="Append",
@@ -79,12 +82,13 @@ def events_to_kafka(events: DataFrame) -> DataFrame:
     return records.keyed_by_sensor(events, EVENT_FIELDS)
 
 
-def run_sequence(sensor_id: str, state: SensorState, rows: pd.DataFrame, sensor_type: str | None,
-                 config: ThresholdConfig) -> tuple[SensorState, list[dict]]:
-    """Apply one sensor's readings (already ordered) to its state; return new state and event rows."""
+def run_sequence(sensor_id: str, state: SensorState, readings: Iterable[tuple[int, float, str]],
+                 sensor_type: str | None, config: ThresholdConfig) -> tuple[SensorState, list[dict]]:
+    """Apply one sensor's readings (timestamp, celsius, site; already ordered) to its state; return the new
+    state and the event rows."""
     events = []
     limits = config.limits_for(sensor_type)
-    for timestamp, value, site in zip(rows["timestamp"], rows["celsius"], rows["site"], strict=True):
+    for timestamp, value, site in readings:
         state, transition = advance(state, int(timestamp), float(value), limits)
         if transition is not None:
             events.append({"sensor_id": sensor_id, "site": site, **transition.__dict__})
@@ -100,31 +104,30 @@ class HysteresisProcessor(StatefulProcessor):
         self.episode = handle.getValueState("episode", STATE_DDL, self.ttl_ms)
         self.sensor_type = handle.getValueState("sensor_type", "sensor_type_id STRING")
 
-    def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
+    def handleInputRows(self, key, rows: Iterator[Row], timerValues) -> Iterator[Row]:
         (sensor_id,) = key
-        batch = pd.concat(list(rows), ignore_index=True).sort_values(
-            ["kind", "partition", "offset"], kind="stable")
-        registrations = batch[batch["kind"] == KIND_REGISTRATION]
-        sensor_type = None
-        for sensor_type in registrations["sensor_type_id"]:
-            sensor_type = None if pd.isna(sensor_type) else sensor_type
-            if sensor_type is None:
-                self.sensor_type.clear()
+        sensor_type, registered, readings = None, False, []
+        for row in sorted(rows, key=lambda r: (r.kind, r.partition, r.offset)):
+            if row.kind == KIND_REGISTRATION:
+                registered, sensor_type = True, row.sensor_type_id
+                if sensor_type is None:
+                    self.sensor_type.clear()
+                else:
+                    self.sensor_type.update((sensor_type,))
             else:
-                self.sensor_type.update((sensor_type,))
-        readings = batch[batch["kind"] == KIND_READING]
-        if readings.empty:
+                readings.append((row.timestamp, row.celsius, row.site))
+        if not readings:
             return
         # Each state call is a round trip to the JVM: read the type only when a reading could open an episode.
-        if registrations.empty and readings["celsius"].max() > self.config.lowest_threshold:
+        if not registered and max(celsius for _, celsius, _ in readings) > self.config.lowest_threshold:
             stored_type = self.sensor_type.get()
             sensor_type = stored_type[0] if stored_type else None
         stored = self.episode.get()
         state = SensorState(*stored) if stored is not None else SensorState()
         state, events = run_sequence(sensor_id, state, readings, sensor_type, self.config)
         self.episode.update(tuple(state.__dict__.values()))   # also refreshes the TTL
-        if events:
-            yield pd.DataFrame(events, columns=EVENT_FIELDS)
+        for event in events:
+            yield EVENT_ROW(*(event[name] for name in EVENT_FIELDS))
 
     def close(self) -> None:
         pass

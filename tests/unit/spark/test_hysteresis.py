@@ -8,7 +8,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
@@ -133,13 +132,12 @@ def test_interleaved_sensors_keep_separate_state():
 def test_outcome_does_not_depend_on_how_the_sequence_is_cut_into_batches():
     from iot_jobs.detector import run_sequence
     rng = random.Random(4)
-    rows = pd.DataFrame({"timestamp": [1000 * i + rng.choice([0, 0, 0, -3000]) for i in range(400)],
-                         "celsius": [rng.uniform(24, 36) for _ in range(400)], "site": "site-a"})
+    rows = [(1000 * i + rng.choice([0, 0, 0, -3000]), rng.uniform(24, 36), "site-a") for i in range(400)]
     config = ThresholdConfig(LIMITS, {})
     _, whole = run_sequence("s", SensorState(), rows, None, config)
     state, cut = SensorState(), []
     for start in range(0, 400, 37):
-        state, events = run_sequence("s", state, rows.iloc[start:start + 37], None, config)
+        state, events = run_sequence("s", state, rows[start:start + 37], None, config)
         cut.extend(events)
     assert whole == cut and len(whole) > 10
 
