@@ -116,10 +116,7 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
             msg = consumer.poll(0.1)
             if msg is None or msg.error():
                 continue
-            record = contracts.READING.validate(json.loads(msg.value()))
-            headers = dict(msg.headers())
-            row = build(record, headers[names.HEADER_SITE].decode(), int(headers[names.HEADER_INGEST_MS]))
-            session.execute(insert, row.bind(int(time.time() * 1000), True))
+            insert_one(session, insert, build, msg)
             written[0] += 1
 
     thread = threading.Thread(target=loop, name="baseline", daemon=True)
@@ -130,6 +127,16 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
         stop.set()
         thread.join(30)
         consumer.close()
+
+
+def insert_one(session, insert, build, msg) -> None:
+    """The thesis adapter's write: one reading, one blocking INSERT (the adapter's row builder and table)."""
+    from services.common import contracts
+
+    record = contracts.READING.validate(json.loads(msg.value()))
+    headers = dict(msg.headers())
+    row = build(record, headers[names.HEADER_SITE].decode(), int(headers[names.HEADER_INGEST_MS]))
+    session.execute(insert, row.bind(int(time.time() * 1000), True))
 
 
 def _measure(stage: str, written, total: int, timeout: float, detail=lambda: "") -> tuple[float, bool]:

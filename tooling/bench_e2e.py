@@ -150,6 +150,7 @@ def thesis_adapter(bootstrap: str, offsets: dict[int, int], cql_port: int, stop,
 
     from services.adapter.schema import create_keyspace_cql, create_table_cql, insert_cql, layout, row_builder
     from services.common import contracts, names
+    from tooling.bench_adapter import insert_one
 
     cluster = Cluster(["127.0.0.1"], port=cql_port, protocol_version=5)
     session = cluster.connect()
@@ -166,10 +167,7 @@ def thesis_adapter(bootstrap: str, offsets: dict[int, int], cql_port: int, stop,
         msg = consumer.poll(0.1)
         if msg is None or msg.error():
             continue
-        record = contracts.READING.validate(json.loads(msg.value()))
-        headers = dict(msg.headers())
-        row = build(record, headers[names.HEADER_SITE].decode(), int(headers[names.HEADER_INGEST_MS]))
-        session.execute(insert, row.bind(int(time.time() * 1000), True))
+        insert_one(session, insert, build, msg)
         written.value += 1
     consumer.close()
     cluster.shutdown()

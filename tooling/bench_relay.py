@@ -23,23 +23,11 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from tooling import pins
 from tooling.progress import log
+from tooling.stack_render import filters  # the Ansible filter plugin: the relay's ACLs and login line
 from tooling.testbed.docker_lab import Lab, docker, free_port, image
 from tooling.testbed.kafka_cluster import KafkaCluster, create_topics, ensure_access, start_kafka_cluster
 
-
-def _filters():
-    """The Ansible filter plugin that renders the relay's ACLs and MirrorMaker's login line."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("iot_stack_filters",
-                                                  pins.REPO_ROOT / "ansible/filter_plugins/iot_stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-filters = _filters()
 TOPIC = "temperature-rollups-1m"
 PARTITIONS = 3
 OPERATOR = ("operator", "bench-operator-password-1")

@@ -8,27 +8,18 @@ repeating. Here: running the playbook, and reading its table and PLAY RECAP back
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tooling import pins
+from tooling import pins, stack_render
 
 PLAYBOOK = pins.REPO_ROOT / "ansible" / "status.yml"
 
 
-def _filters():
-    spec = importlib.util.spec_from_file_location("iot_stack_status_filters",
-                                                  pins.REPO_ROOT / "ansible/filter_plugins/iot_stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_plugin = _filters()
+_plugin = stack_render.filters   # the Ansible filter plugin
 # The relay lag's logic, in the one place the playbook uses too.
 mm2_offsets_topic = _plugin.mm2_offsets_topic
 copied_offsets = _plugin.copied_offsets
