@@ -510,10 +510,10 @@ def cql(host: LabHost, site: str, query: str) -> str:
     return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
 
 
-def status(hosts: list[LabHost]) -> subprocess.CompletedProcess:
+def status(hosts: list[LabHost], timeout: float = 900) -> subprocess.CompletedProcess:
     """The status playbook (ansible/status.yml, the status of any deployment) run against the lab's inventory."""
     from tooling import lab_status
-    return lab_status.run_playbook(write_inventory(hosts))
+    return lab_status.run_playbook(write_inventory(hosts), timeout=timeout)
 
 
 def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
@@ -621,7 +621,14 @@ def print_status(hosts: list[LabHost], check: bool = True) -> None:
     reported: the lab is up either way."""
     from tooling import lab_status
     log("lab", "running ansible/status.yml against the lab")
-    result = status(hosts)
+    try:
+        result = status(hosts, timeout=900 if check else 300)
+    except subprocess.TimeoutExpired as err:
+        message = f"lab: ansible/status.yml did not finish in {err.timeout:.0f}s"
+        if check:
+            raise SystemExit(message) from None
+        log("lab", message)
+        return
     table = lab_status.table_text(result.stdout)
     if result.returncode != 0 or not table:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])

@@ -508,11 +508,6 @@ def mm2_offsets_topic(site: str) -> str:
     return f"mm2-offsets.{site}.internal"
 
 
-def mm2_offsets_include(sites: list) -> str:
-    """A Java regex naming exactly the MirrorMaker offsets topics of `sites` (console consumer --include)."""
-    return "|".join(re.escape(mm2_offsets_topic(site)) for site in sites)
-
-
 def copied_offsets(records, site: str, topic: str) -> dict[int, int]:
     """partition -> the next offset of `topic` at `site` that MirrorMaker has not copied yet, from the
     records (key, value) of its offsets topic, oldest first: the source connector stores, per source
@@ -590,8 +585,8 @@ def group_offsets(lines: list, topic: str) -> dict[int, int]:
 
 
 def mm2_records(lines: list) -> list[tuple[bytes, bytes | None]]:
-    """The console consumer's `key<TAB>value` lines (print.key) -> (key, value) records, oldest first; the
-    value `null` (a tombstone) becomes None. Lines without a tab are the tool's own messages."""
+    """The MirrorMaker offsets probe's `key<TAB>value` lines (files/mm2_offsets.py) -> (key, value) records,
+    oldest first; the value `null` (a tombstone) becomes None. Lines without a tab are the tool's own messages."""
     records: list[tuple[bytes, bytes | None]] = []
     for line in lines or []:
         key, tab, value = str(line).partition("\t")
@@ -654,7 +649,9 @@ def _edge_row(probe: dict, topics: dict, records: list | None, relayed: list | N
     lag = None
     if readings in last and "group" in sections:
         committed = group_offsets(sections["group"], readings)
-        lag = sum(high - committed.get(partition, 0) for partition, high in last[readings].items())
+        # The group is described after the offsets were sampled: a partition committed past its sampled end
+        # had caught up by then (not a negative lag; the lab showed -232 before this max).
+        lag = sum(max(0, high - committed.get(partition, 0)) for partition, high in last[readings].items())
     relay: object = None
     if relayed is not None and events not in relayed:
         relay = "not relayed"
@@ -744,4 +741,4 @@ class FilterModule:
                 "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls,
                 "service_acls": service_acls, "spark_job_refusals": spark_job_refusals,
-                "mm2_offsets_include": mm2_offsets_include, "status_table": status_table}
+                "mm2_offsets_topic": mm2_offsets_topic, "status_table": status_table}
