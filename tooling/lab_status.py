@@ -30,11 +30,13 @@ COLUMNS = _plugin.STATUS_COLUMNS
 RECAP = re.compile(r"^(\S+)\s*:\s*((?:\w+=\d+\s*)+)$", re.MULTILINE)
 
 
-def run_playbook(inventory: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """ansible-playbook -i INVENTORY ansible/status.yml, as an operator runs it; output captured."""
+def run_playbook(inventory: Path, *extra: str, timeout: float = 900, playbook: Path = PLAYBOOK
+                 ) -> subprocess.CompletedProcess:
+    """ansible-playbook -i INVENTORY ansible/status.yml (or another playbook), as an operator runs it; output
+    captured."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(pins.REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0", PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    return subprocess.run(["ansible-playbook", "-i", str(inventory), str(PLAYBOOK), *extra], cwd=pins.REPO_ROOT,
+    return subprocess.run(["ansible-playbook", "-i", str(inventory), str(playbook), *extra], cwd=pins.REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -67,6 +67,8 @@ def stack_settings() -> dict:
         "cassandra_adapter_user": d["stack_cassandra_adapter_user"],
         "cassandra_keyspace": d["stack_cassandra_keyspace"],
         "cassandra_cluster_name": "test", "cassandra_dc": "test", "cassandra_fast_start": False,
+        "cassandra_backup": {"interval_minutes": d["stack_cassandra_backup_interval_minutes"],
+                             "keep": d["stack_cassandra_backup_keep"]},
         "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
     }
 
