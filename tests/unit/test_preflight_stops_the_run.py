@@ -48,11 +48,11 @@ stack_mqtt_users: {bridge: preflight-test-bridge}
 """
 
 
-def _playbook(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+def _playbook(inventory: Path, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_TIMEOUT="5", ANSIBLE_LOG_PATH="", ANSIBLE_RETRY_FILES_ENABLED="0",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible/site.yml"), *extra],
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible" / playbook), *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -137,3 +137,29 @@ def test_weak_secrets_are_refused_before_any_host_changes(tmp_path, secrets, mes
     for message in messages:
         assert message in output, f"{message!r} not in:\n{(result.stdout + result.stderr)[-3000:]}"
     assert re.findall(r"PLAY \[(.*?)\]", output) == ["Preflight"]
+
+
+@pytest.mark.parametrize("variables, named", [
+    ("stack_cassandra_backup_interval_minutes: daily\n", "stack_cassandra_backup_interval_minutes (daily)"),
+    ("stack_cassandra_backup_keep: 0\n", "stack_cassandra_backup_keep (0)"),
+], ids=["interval", "keep"])
+def test_a_bad_backup_schedule_is_named_before_any_host_changes(tmp_path, variables, named):
+    (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(SECRETS + variables)
+    result = _playbook(tmp_path)
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0 and named in output, output[-3000:]
+    assert re.findall(r"PLAY \[(.*?)\]", output) == ["Preflight"]
+
+
+def test_restore_without_a_tag_names_the_variables_before_any_host_changes(tmp_path):
+    """ansible/restore.yml asserts on the controller: the hosts (nowhere) are never contacted."""
+    (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(SECRETS)
+    result = _playbook(tmp_path, "-e", "backup_restore_table=temperature_readings", playbook="restore.yml")
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0 and "-e backup_restore_tag=<tag" in output, output[-3000:]
+    assert "got backup_restore_tag= backup_restore_table=temperature_readings" in output, output[-3000:]
+    assert "UNREACHABLE" not in output, output[-3000:]
