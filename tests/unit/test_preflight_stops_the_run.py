@@ -52,8 +52,8 @@ def _playbook(inventory: Path, *extra: str, playbook: str = "site.yml") -> subpr
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_TIMEOUT="5", ANSIBLE_LOG_PATH="", ANSIBLE_RETRY_FILES_ENABLED="0",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible" / playbook), *extra],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible" / playbook), *extra]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
