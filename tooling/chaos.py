@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from tooling import lab
+from tooling import lab, upgrade
 from tooling.progress import log
 
 if TYPE_CHECKING:
@@ -131,13 +131,15 @@ class Device:
             with self.lock:
                 self.refused += 1
 
-    def run(self, seconds: float, rate: float, at: dict[float, Callable[[], None]] | None = None) -> None:
-        """Publish for `seconds` at `rate` readings/s (plus the hot sensors); call at[t] at t seconds."""
+    def run(self, seconds: float, rate: float, at: dict[float, Callable[[], None]] | None = None,
+            stop: threading.Event | None = None) -> None:
+        """Publish for `seconds` (or until `stop` is set) at `rate` readings/s (plus the hot sensors); call at[t]
+        at t seconds."""
         todo = sorted((at or {}).items())
         started = time.monotonic()
         step, hot_step = 1.0 / rate, 1.0 / HOT_RATE
         n = hot_n = 0
-        while (elapsed := time.monotonic() - started) < seconds:
+        while (elapsed := time.monotonic() - started) < seconds and not (stop and stop.is_set()):
             while todo and todo[0][0] <= elapsed:
                 threading.Thread(target=todo.pop(0)[1], daemon=True).start()
             if elapsed >= hot_n * hot_step:
@@ -417,6 +419,7 @@ class Relay:
 class Lab:
     hosts: list[lab.LabHost]
     relay: Relay | None = None             # a relay case's load, written while the datacenter is cut off
+    upgrade: upgrade.Upgrade | None = None    # what the rolling-upgrade case did
 
     def host(self, site: str) -> lab.LabHost:
         return lab.site_managers(self.hosts)[site]
@@ -494,6 +497,7 @@ class Case:
     allowed_loss: int = 0                        # documented bound (Mosquitto's window)
     stable_s: float = 90.0                       # settling gives up after this long without new rows
     relay: bool = False                          # load the relay during the cut (_cut_for), time its drain
+    until_done: bool = False                     # publish until the fault is over (seconds: at most), then 10 s
 
 
 @dataclass
@@ -517,6 +521,7 @@ class Outcome:
     relay_backlog: int = 0                      # relay load written while the datacenter was cut off
     relay_lost: int = 0                         # of it, records that never reached the datacenter
     drain_ratio: float | None = None            # backlog drain rate / ingest rate (target DRAIN_TARGET)
+    upgrade: upgrade.Upgrade | None = None      # the rolling-upgrade case's run and downtimes
     notes: list[str] = field(default_factory=list)
 
 
@@ -567,6 +572,9 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("detector-kill", "SIGKILL site-a's threshold detector mid-episode",
          lambda lb: lb.kill(SITE, "threshold-detector"), at_s=21.0, datacenter=True,
          stable_s=300.0),    # a restarted Spark job's first micro-batch took 82 s in the loaded lab
+    Case("rolling-upgrade", "every image rebuilt, site.yml rerun for site-a (tooling/upgrade.py)",
+         lambda lb: setattr(lb, "upgrade", upgrade.run(lb.hosts, SITE)), seconds=1800.0, until_done=True,
+         datacenter=True, stable_s=300.0),
     Case("poison", "unreadable records on every consumed topic", lambda lb: lb.poison(),
          watch=((SITE, "cassandra-adapter"), (SITE, "bridge"), (SITE, "threshold-detector"))),
 )}
@@ -604,8 +612,11 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
         finally:
             fault_over.set()
 
+    done = threading.Event()
+    if case.until_done:          # then 10 s more, so readings after the fault are counted too
+        threading.Thread(target=lambda: (fault_over.wait(), time.sleep(10), done.set()), daemon=True).start()
     try:
-        device.run(case.seconds, rate, {case.at_s: fault})
+        device.run(case.seconds, rate, {case.at_s: fault}, stop=done)
         device.finish()
     finally:
         device.client.loop_stop()
@@ -630,6 +641,9 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     _count_events(lb, case, device, started_ms, after, settle_s, outcome)
     if lb.relay:
         _report_drain(lb.relay.drain, outcome)
+    if lb.upgrade:
+        outcome.upgrade = lb.upgrade
+        outcome.notes.append(lb.upgrade.summary())
     for watched, before in restarts_before.items():
         outcome.restarted[watched[1]] = lb.restarts(*watched) - before
         if outcome.restarted[watched[1]]:

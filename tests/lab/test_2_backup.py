@@ -53,13 +53,13 @@ def tag(inventory, node) -> str:
     tag = f"labtest-{time.strftime('%Y%m%dT%H%M%S')}"
     result = run(inventory, "backup.yml", "-e", f"backup_tag={tag}")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    assert re.search(rf"^\s*- {tag}\s", result.stdout, re.MULTILINE), result.stdout[-3000:]
+    assert re.search(rf"^\s*- [\"']?{tag}\s", result.stdout, re.MULTILINE), result.stdout[-3000:]
     return tag
 
 
 def test_every_node_took_a_scheduled_backup_by_itself(inventory, tag):
     listed = run(inventory, "backup.yml", "-e", f"backup_tag={tag}-2").stdout
-    assert re.search(r"^\s*- auto-\d{8}T\d{6}Z\s", listed, re.MULTILINE), listed[-3000:]
+    assert re.search(r"^\s*- [\"']?auto-\d{8}T\d{6}Z\s", listed, re.MULTILINE), listed[-3000:]
 
 
 def test_a_missing_backup_stops_the_restore_before_any_change(inventory, node, tag):

@@ -25,7 +25,7 @@ def fault_table():
         print("\nfault suite:\n" + chaos.table(OUTCOMES))
 
 
-@pytest.mark.parametrize("name", list(chaos.CASES))
+@pytest.mark.parametrize("name", [name for name in chaos.CASES if name != "rolling-upgrade"])  # test_6_upgrade
 def test_faults(lab_hosts, name, capsys, record_property):
     case = chaos.CASES[name]
     outcome = chaos.run_case(lab_hosts, case, rate=RATE)

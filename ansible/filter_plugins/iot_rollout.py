@@ -1,0 +1,138 @@
+"""Rolling upgrades of a site's stateful services, one node at a time (docs/operations.md, Upgrades).
+
+Swarm's update_config rolls the tasks of one service; a site's ZooKeeper, Kafka and Cassandra nodes are
+separate services (zookeeper-1, kafka-1, kafka-2, cassandra-1, ...), so a single `docker stack deploy` of a
+changed stack file restarts all of them at once. The stack role therefore deploys a changed stack in stages,
+computed here from the stack file deployed last and the new one:
+
+  stage 0     the new file, except that every stateful service that changed keeps its deployed definition
+              (stateless services, new nodes and removed services change here);
+  stage 1..n  the same with one more stateful service on its new definition: ZooKeeper nodes first (the
+              leader last), then Kafka brokers, then Cassandra nodes, each by id.
+
+Between stages the role waits for its health gates. A kept definition may refer to configs or secrets whose
+content (so whose Swarm object name) has changed since: those references point at the deployed objects, which
+still exist (the running tasks use them), declared `external` under the key `<key>__deployed`.
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+import yaml
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # unit tests without Ansible
+    class AnsibleFilterError(Exception):  # type: ignore[no-redef]
+        pass
+
+STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-(\d+)$")
+KIND_ORDER = ("zookeeper", "kafka", "cassandra")
+DEPLOYED_SUFFIX = "__deployed"
+
+
+def _load(text: object, what: str) -> dict:
+    try:
+        doc = yaml.safe_load(str(text or "")) or {}
+    except yaml.YAMLError as err:
+        raise AnsibleFilterError(f"{what} is not valid YAML: {err}") from None
+    if not isinstance(doc, dict):
+        raise AnsibleFilterError(f"{what} is not a stack file (a mapping)")
+    return doc
+
+
+def changed_stateful(deployed: dict, new: dict, zookeeper_leader: int | None = None) -> list[str]:
+    """Stateful services in both files whose definitions differ, in the order they roll."""
+    old_services, new_services = deployed.get("services") or {}, new.get("services") or {}
+    changed = []
+    for name, definition in new_services.items():
+        match = STATEFUL.match(name)
+        if match and name in old_services and _resolved(deployed, old_services[name]) != _resolved(new, definition):
+            kind, ident = match.group(1), int(match.group(2))
+            leader_last = kind == "zookeeper" and ident == zookeeper_leader
+            changed.append((KIND_ORDER.index(kind), leader_last, ident, name))
+    return [name for *_, name in sorted(changed)]
+
+
+def _resolved(doc: dict, service: dict) -> dict:
+    """A service's definition with each config/secret reference replaced by the Swarm object it names, so
+    that a changed file (a new object name) counts as a change of the service."""
+    resolved = copy.deepcopy(service)
+    for kind in ("configs", "secrets"):
+        objects = doc.get(kind) or {}
+        refs = []
+        for ref in resolved.get(kind) or []:
+            ref = dict(ref) if isinstance(ref, dict) else {"source": ref}
+            ref["source"] = (objects.get(ref["source"]) or {}).get("name", ref["source"])
+            refs.append(ref)
+        if refs:
+            resolved[kind] = refs
+    return resolved
+
+
+def _kept(deployed: dict, service: dict, stage: dict) -> dict:
+    """The deployed definition of a service, its config/secret references pointed at the deployed objects."""
+    kept = copy.deepcopy(service)
+    for kind in ("configs", "secrets"):
+        old_objects, stage_objects = deployed.get(kind) or {}, stage.setdefault(kind, {})
+        refs = []
+        for ref in kept.get(kind) or []:
+            ref = dict(ref) if isinstance(ref, dict) else {"source": ref}
+            key = ref["source"]
+            old_name = (old_objects.get(key) or {}).get("name")
+            current = stage_objects.get(key) or {}
+            if old_name and current.get("name") != old_name:
+                # The short form's target: the key, under /run/secrets for a secret, at / for a config.
+                ref.setdefault("target", key if kind == "secrets" else f"/{key}")
+                ref["source"] = key + DEPLOYED_SUFFIX
+                stage_objects[key + DEPLOYED_SUFFIX] = {"external": True, "name": old_name}
+            refs.append(ref)
+        if refs:
+            kept[kind] = refs
+    return kept
+
+
+def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
+    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, text}, ...].
+
+    The first stage's service is '' (only stateless changes); each further stage rolls `service`. Empty when
+    nothing stateful changed, or nothing was deployed before (a first deploy has nothing to roll)."""
+    if not str(deployed_text or "").strip():
+        return []
+    deployed, new = _load(deployed_text, "the deployed stack file"), _load(new_text, "the new stack file")
+    leader = int(zookeeper_leader) if str(zookeeper_leader or "").isdigit() else None
+    order = changed_stateful(deployed, new, leader)
+    if not order:
+        return []
+    stages = []
+    for rolled in range(len(order) + 1):
+        stage = copy.deepcopy(new)
+        for name in order[rolled:]:
+            stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
+        for kind in ("volumes", "networks"):            # a kept definition may use what the new file dropped
+            for key, value in (deployed.get(kind) or {}).items():
+                stage.setdefault(kind, {}).setdefault(key, value)
+        stages.append({"service": order[rolled - 1] if rolled else "",
+                       "text": yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)})
+    return stages
+
+
+def zookeeper_leader(lines: list) -> str:
+    """The id of the node whose `srvr` says `Mode: leader`, from '<id> <mode>' lines; '' when none does."""
+    leaders = [parts[0] for parts in (str(line).split() for line in lines or []) if parts[1:] == ["leader"]]
+    return leaders[0] if len(leaders) == 1 else ""
+
+
+def zookeeper_quorum(lines: list, nodes: int) -> bool:
+    """'<id> <mode>' lines for every node: all serve, and with more than one node exactly one leads."""
+    modes = [parts[1] if len(parts) > 1 else "" for parts in (str(line).split() for line in lines or [])]
+    if len(modes) != nodes or any(mode not in ("leader", "follower", "standalone") for mode in modes):
+        return False
+    return modes == ["standalone"] if nodes == 1 else modes.count("leader") == 1
+
+
+class FilterModule:
+    def filters(self):
+        return {"rollout_stages": rollout_stages, "zookeeper_leader": zookeeper_leader,
+                "zookeeper_quorum": zookeeper_quorum}

@@ -1,0 +1,91 @@
+"""Rolling upgrades (ansible/filter_plugins/iot_rollout.py): a changed stack is deployed in stages so that at
+most one ZooKeeper, Kafka or Cassandra node changes at a time, the ZooKeeper leader last. Checked on the
+stacks the templates render for inventory.example's site-a (three nodes of each)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import yaml
+
+from tooling.stack_render import REPO, filters, image_ids, load_inventory, render
+
+_spec = importlib.util.spec_from_file_location("iot_rollout", REPO / "ansible/filter_plugins/iot_rollout.py")
+rollout = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rollout)
+
+LABEL = "org.iot-stack.image-id"
+STATEFUL = ["zookeeper-1", "zookeeper-2", "zookeeper-3", "kafka-1", "kafka-2", "kafka-3",
+            "cassandra-1", "cassandra-2", "cassandra-3"]
+
+
+@pytest.fixture(scope="module")
+def topology():
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    return filters.site_topology(hostvars, groups["site_a"], "site-a", "edge")
+
+
+def text(stack: dict) -> str:
+    return yaml.safe_dump(stack, sort_keys=False)
+
+
+def stages(before: dict, after: dict, leader=None) -> list[dict]:
+    return [{"service": s["service"], "stack": yaml.safe_load(s["text"])}
+            for s in rollout.rollout_stages(text(before), text(after), leader)]
+
+
+def test_nothing_to_stage_on_a_first_deploy_or_when_only_stateless_services_change(topology):
+    before = render("edge", topology, ids=image_ids())
+    assert rollout.rollout_stages("", text(before)) == []
+    assert stages(before, render("edge", topology, ids=image_ids(services="rebuilt"))) == []
+    assert stages(before, before) == []
+
+
+def test_every_image_rebuilt_rolls_one_stateful_node_per_stage_leader_last(topology):
+    before = render("edge", topology, ids=image_ids())
+    after = render("edge", topology, ids=image_ids(kafka="v2", cassandra="v2", services="v2"))
+    planned = stages(before, after, leader="2")
+    order = [s["service"] for s in planned]
+    assert order == ["", "zookeeper-1", "zookeeper-3", "zookeeper-2", "kafka-1", "kafka-2", "kafka-3",
+                     "cassandra-1", "cassandra-2", "cassandra-3"]
+    for index, stage in enumerate(planned):
+        services = stage["stack"]["services"]
+        rolled = {name for name in STATEFUL
+                  if services[name]["labels"][LABEL] == after["services"][name]["labels"][LABEL]}
+        assert rolled == set(order[1:index + 1]), (index, rolled)      # exactly one more per stage
+        assert services["bridge"] == after["services"]["bridge"]      # stateless services change in stage 0
+    assert planned[-1]["stack"]["services"] == after["services"]
+
+
+def test_a_kept_node_whose_secret_changed_keeps_the_deployed_secret(topology):
+    before = render("edge", topology, ids=image_ids())
+    after = render("edge", topology, ids=image_ids(kafka="v2"))
+    rotated = "kafka_password_admin"
+    after["secrets"][rotated] = dict(after["secrets"][rotated], name=after["secrets"][rotated]["name"] + "x")
+    first = stages(before, after)[0]["stack"]
+    kept = first["services"]["kafka-1"]
+    refs = {ref["target"]: ref["source"] for ref in kept["secrets"]}
+    assert refs["kafka_admin_password"] == rotated + "__deployed", kept["secrets"]
+    assert first["secrets"][rotated + "__deployed"] == {"external": True, "name": before["secrets"][rotated]["name"]}
+    assert first["secrets"][rotated] == after["secrets"][rotated]          # the new one, for stateless services
+
+
+def test_a_changed_secret_alone_counts_as_a_change_of_the_nodes_that_use_it(topology):
+    before = render("edge", topology, ids=image_ids())
+    after = render("edge", topology, ids=image_ids())
+    after["secrets"]["cassandra_password"] = dict(after["secrets"]["cassandra_password"],
+                                                  name="site-a_cassandra_password_new")
+    order = [s["service"] for s in stages(before, after)]
+    assert order == ["", "cassandra-1", "cassandra-2", "cassandra-3"]
+
+
+@pytest.mark.parametrize("lines, nodes, quorum, leader", [
+    (["1 follower", "2 leader", "3 follower"], 3, True, "2"),
+    (["1 follower", "2 ", "3 follower"], 3, False, ""),               # node 2 does not answer
+    (["1 follower", "2 follower", "3 follower"], 3, False, ""),       # no leader: election under way
+    (["1 standalone"], 1, True, ""),
+    (["1 follower", "2 leader"], 3, False, "2"),
+])
+def test_zookeeper_quorum_and_leader_from_srvr(lines, nodes, quorum, leader):
+    assert rollout.zookeeper_quorum(lines, nodes) is quorum
+    assert rollout.zookeeper_leader(lines) == leader

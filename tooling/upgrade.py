@@ -1,0 +1,131 @@
+"""A rolling upgrade of one lab site, as an operator runs it, and when each of its stateful nodes was down.
+
+`run(hosts, site)` makes a new version of every project image (same tag, new id: the image plus one label,
+as a rebuild with changed inputs would give), reruns site.yml for the site (the images role ships them, and
+the stack role deploys in stages: ansible/filter_plugins/iot_rollout.py), then reads the Docker events of
+the site's hosts over the run. A node is down from the first kill, stop or die of its container until a
+container of the same service reports healthy (each stateful service has a healthcheck), so the figures
+include the time a node takes to serve again, not only its process restart.
+
+tooling/chaos.py runs it as the `rolling-upgrade` case while a device publishes
+(tests/lab/test_6_upgrade.py asserts nothing acknowledged was lost and no two nodes of a kind were down at
+once).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from tooling import lab
+from tooling.progress import log
+
+IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto")
+STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-\d+$")
+DOWN_ACTIONS = ("kill", "stop", "die")
+UP_ACTION = "health_status: healthy"
+
+
+@dataclass(frozen=True)
+class Downtime:
+    service: str          # e.g. kafka-2
+    start: float          # epoch seconds
+    end: float            # epoch seconds; the end of the window when it never came back
+
+    @property
+    def kind(self) -> str:
+        return self.service.rsplit("-", 1)[0]
+
+    @property
+    def seconds(self) -> float:
+        return round(self.end - self.start, 1)
+
+
+@dataclass
+class Upgrade:
+    site: str
+    started: float
+    finished: float
+    images: dict[str, str]                         # name -> new id
+    downtimes: list[Downtime] = field(default_factory=list)
+
+    def restarted(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for down in self.downtimes:
+            counts[down.service] = counts.get(down.service, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        downs = ", ".join(f"{d.service} {d.seconds:g}s" for d in sorted(self.downtimes, key=lambda d: d.start))
+        return f"upgrade of {self.site} took {self.finished - self.started:.0f}s; down: {downs or 'none'}"
+
+
+def rebuild(stamp: str) -> dict[str, str]:
+    """A new version of every project image under its own tag; returns name -> new image id."""
+    tag = lab.pins.load().image_tag
+    ids = {}
+    for name in IMAGES:
+        ref = f"iot-stack/{name}:{tag}"
+        dockerfile = f"FROM {ref}\nLABEL org.iot-stack.upgrade-test=\"{stamp}\"\n"
+        subprocess.run(["docker", "build", "-q", "-t", ref, "-"], input=dockerfile, text=True, check=True,
+                       capture_output=True, timeout=600)
+        ids[name] = lab.run("docker", "image", "inspect", "-f", "{{.Id}}", ref).stdout.strip()
+    log("upgrade", f"new image versions ({stamp}): " + ", ".join(f"{n} {i[7:19]}" for n, i in ids.items()))
+    return ids
+
+
+def events(hosts: list[lab.LabHost], site: str, since: float, until: float) -> list[dict]:
+    """Container events of the site's stack on every host of the site, oldest first."""
+    found = []
+    for host in (h for h in hosts if h.site == site):
+        out = lab.host_exec(host, "docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}",
+                            "--filter", "type=container", "--filter", f"label=com.docker.swarm.stack.namespace={site}",
+                            "--format", "{{json .}}", timeout=120).stdout
+        found += [json.loads(line) for line in out.splitlines() if line.strip()]
+    return sorted(found, key=lambda e: int(e.get("timeNano", 0)))
+
+
+def downtimes(found: list[dict], site: str, until: float) -> list[Downtime]:
+    """When each stateful service of `site` was down, from its containers' events (see the module docstring)."""
+    down_since: dict[str, float] = {}
+    result = []
+    for event in found:
+        service = event.get("Actor", {}).get("Attributes", {}).get("com.docker.swarm.service.name", "")
+        name = service.removeprefix(f"{site}_")
+        if not STATEFUL.match(name):
+            continue
+        action = event.get("Action") or event.get("status") or ""
+        when = int(event["timeNano"]) / 1e9
+        if action in DOWN_ACTIONS and name not in down_since:
+            down_since[name] = when
+        elif action == UP_ACTION and name in down_since:
+            result.append(Downtime(name, down_since.pop(name), when))
+    result += [Downtime(name, start, until) for name, start in down_since.items()]
+    return sorted(result, key=lambda d: d.start)
+
+
+def overlapping(downs: list[Downtime]) -> list[tuple[Downtime, Downtime]]:
+    """Pairs of nodes of one kind (two brokers, say) that were down at the same time."""
+    pairs = []
+    for i, first in enumerate(downs):
+        for second in downs[i + 1:]:
+            if first.kind == second.kind and first.service != second.service \
+                    and first.start < second.end and second.start < first.end:
+                pairs.append((first, second))
+    return pairs
+
+
+def run(hosts: list[lab.LabHost], site: str) -> Upgrade:
+    """New image versions, then site.yml for the site; the stateful nodes' downtimes over the run."""
+    group = next(h.group for h in hosts if h.site == site)
+    started = time.time()
+    ids = rebuild(time.strftime("%Y%m%dT%H%M%S"))
+    lab.playbook(lab.write_inventory(hosts), "--limit", group)
+    finished = time.time()
+    time.sleep(2)                      # `docker events --until` wants a moment that has passed everywhere
+    upgrade = Upgrade(site, started, finished, ids, downtimes(events(hosts, site, started, finished + 1), site,
+                                                              finished))
+    log("upgrade", upgrade.summary())
+    return upgrade
