@@ -30,6 +30,7 @@ class Image:
     name: str
     parent: str | None = None        # another project image, else the Debian base
     maven: str | None = None         # [maven.<group>] jars copied to jars/
+    agents: tuple[str, ...] = ()     # [maven.<group>]s of java agents (not on the classpath), copied to agents/
     python: str | None = None        # [python.<group>] wheels copied to wheels/
     project_wheel: bool = False      # the project's own Python package, built on the host
     sources: tuple[str, ...] = field(default_factory=tuple)  # repo paths copied to src/
@@ -40,8 +41,8 @@ class Image:
 IMAGES: tuple[Image, ...] = (
     Image("runtime"),
     Image("jre", parent="runtime"),
-    Image("kafka", parent="jre", maven="kafka"),
-    Image("cassandra", parent="jre", maven="cassandra", python="cassandra"),
+    Image("kafka", parent="jre", maven="kafka", agents=("jmx_exporter",)),
+    Image("cassandra", parent="jre", maven="cassandra", python="cassandra", agents=("jmx_exporter",)),
     Image("spark", parent="jre", maven="spark", python="spark", project_wheel=True, sources=("spark",)),
     Image("mosquitto", parent="runtime"),
     Image("services", parent="runtime", python="services", project_wheel=True),
@@ -105,7 +106,8 @@ def inputs_hash(image: Image, pinned: pins.Pins, lock_data: dict) -> str:
         for path in _files(root):
             digest.update(str(path.relative_to(pins.REPO_ROOT)).encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
-    for kind, group in (("maven", image.maven), ("python", image.python)):
+    groups = [("maven", image.maven), *(("maven", agent) for agent in image.agents), ("python", image.python)]
+    for kind, group in groups:
         if group:
             for entry in lock_data[kind][group]:
                 digest.update(entry["sha256"].encode())
@@ -135,12 +137,15 @@ def stage(image: Image, lock_data: dict) -> Path:
     shutil.copytree(pins.REPO_ROOT / "images" / image.name, context)
     (context / "jars").mkdir()
     (context / "wheels").mkdir()
-    if image.maven:
-        for entry in lock_data["maven"][image.maven]:
+    (context / "agents").mkdir()
+    jar_groups = [(image.maven, "jars")] if image.maven else []
+    jar_groups += [(agent, "agents") for agent in image.agents]
+    for group, folder in jar_groups:
+        for entry in lock_data["maven"][group]:
             src = artifacts.maven_cache_path(entry)
             if not src.exists():
                 raise SystemExit(f"{entry['coord']} is not in the artifact cache: run `scripts/artifacts fetch`")
-            _link_or_copy(src, context / "jars" / src.name)
+            _link_or_copy(src, context / folder / src.name)
     if image.python:
         for entry in lock_data["python"][image.python]:
             if entry["kind"] == "wheel":
