@@ -1,0 +1,200 @@
+"""Metrics from the real JVMs: the kafka image's ZooKeeper (standalone and a three-server ensemble),
+broker and MirrorMaker 2, and the cassandra image, each with the JMX exporter on (JMX_EXPORTER_PORT),
+export every metric name the alert rules of monitoring/rules/ use for that component; the agent is
+off without the variable; the prometheus image starts as the app user, loads the rules and answers
+/-/ready, and its promtool checks them.
+
+Every container starts at once and the tests then wait for each (Cassandra's start dominates)."""
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tooling.testbed import alert_rules
+from tooling.testbed.docker_lab import docker, free_port, wait_until
+
+EXPORTER = "9404"
+ENSEMBLE = " ".join(f"server.{i}=zk{i}:2888:3888;2181" for i in (1, 2, 3))
+RELAYED = "relayed"
+# MirrorMaker copies RELAYED from the broker to itself (alias src -> dst: topic src.relayed); no
+# heartbeats, which on one cluster would be copied again and again (src.src.heartbeats, ...).
+MM2_PROPERTIES = f"""
+clusters = src, dst
+src.bootstrap.servers = kafka:9092
+dst.bootstrap.servers = kafka:9092
+src->dst.enabled = true
+src->dst.topics = {RELAYED}
+dst->src.enabled = false
+emit.heartbeats.enabled = false
+emit.checkpoints.enabled = false
+sync.group.offsets.enabled = false
+sync.topic.acls.enabled = false
+refresh.topics.interval.seconds = 5
+replication.factor = 1
+checkpoints.topic.replication.factor = 1
+heartbeats.topic.replication.factor = 1
+offset-syncs.topic.replication.factor = 1
+offset.storage.replication.factor = 1
+status.storage.replication.factor = 1
+config.storage.replication.factor = 1
+"""
+
+
+def scrape(port: int) -> dict[str, list[tuple[str, float]]]:
+    """{metric name: [(labels, value), ...]} from a /metrics page on 127.0.0.1:port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    found: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(\{.*\})?\s+(\S+)", line)
+        if match and not line.startswith("#"):
+            found.setdefault(match[1], []).append((match[2] or "", float(match[3])))
+    return found
+
+
+def used_by(component: str) -> set[str]:
+    return alert_rules.names_by_owner()[component] | {"process_start_time_seconds"}
+
+
+@pytest.fixture(scope="module")
+def ports(lab, tmp_path_factory):
+    ports = {name: free_port() for name in ("zookeeper", "zk1", "zk2", "zk3", "kafka", "kafka-external",
+                                             "mirrormaker", "cassandra", "prometheus")}
+    on = {"JMX_EXPORTER_PORT": EXPORTER}
+    exporter = {name: {ports[name]: int(EXPORTER)} for name in ports}
+    lab.run("cassandra", "cassandra", memory="1536m", ports=exporter["cassandra"],
+            env={**on, "CASSANDRA_FAST_START": "1", "CASSANDRA_HEAP": "512M"})
+    lab.run("kafka", "zookeeper", "zookeeper", memory="384m", ports=exporter["zookeeper"], env=on)
+    for i in (1, 2, 3):
+        lab.run("kafka", f"zk{i}", "zookeeper", memory="256m", ports=exporter[f"zk{i}"],
+                env={**on, "ZOO_MY_ID": str(i), "ZOO_SERVERS": ENSEMBLE, "ZOO_HEAP_OPTS": "-Xms32m -Xmx96m"})
+    lab.run("kafka", "kafka", "kafka", memory="1g",
+            ports={**exporter["kafka"], ports["kafka-external"]: 9094},
+            env={**on, "KAFKA_BROKER_ID": "1", "KAFKA_ZOOKEEPER_CONNECT": "zookeeper:2181",
+                 "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://kafka:9092,EXTERNAL://127.0.0.1:{ports['kafka-external']}",
+                 "KAFKA_INTERNAL_PLAINTEXT": "1", "KAFKA_EXTERNAL_PLAINTEXT": "1",
+                 "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1", "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS": "3",
+                 "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+                 "KAFKA_HEAP_OPTS": "-Xms128m -Xmx384m"})
+    lab.run("prometheus", "prometheus", memory="512m", ports={ports["prometheus"]: 9090})
+    # The same image and role with the variable unset: no agent.
+    lab.run("kafka", "zookeeper-plain", "zookeeper", memory="256m", env={"ZOO_HEAP_OPTS": "-Xmx64m"})
+
+    bootstrap = f"127.0.0.1:{ports['kafka-external']}"
+
+    def topic_created() -> bool:
+        admin = AdminClient({"bootstrap.servers": bootstrap})    # kept while the future runs
+        futures = admin.create_topics([NewTopic(RELAYED, 2, 1)])
+        try:
+            futures[RELAYED].result(timeout=20)
+        except Exception as err:  # noqa: BLE001 - the broker may still be starting
+            if "TOPIC_ALREADY_EXISTS" not in str(err):
+                raise
+        return True
+
+    wait_until("kafka broker takes a topic", topic_created, timeout=180, interval=3,
+               on_timeout=lambda: lab.logs("zookeeper") + lab.logs("kafka"))
+    config_dir = tmp_path_factory.mktemp("mm2")
+    config_dir.chmod(0o755)
+    (config_dir / "mm2.properties").write_text(MM2_PROPERTIES)
+    (config_dir / "mm2.properties").chmod(0o644)
+    lab.run("kafka", "mirrormaker", "mirrormaker", memory="768m", ports=exporter["mirrormaker"],
+            env={**on, "MM2_CONFIG": "/etc/mirrormaker/mm2.properties", "MM2_HEAP_OPTS": "-Xms128m -Xmx384m"},
+            volumes={str(config_dir): "/etc/mirrormaker:ro"})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i in range(100):
+        producer.produce(RELAYED, key=str(i), value=f"reading-{i}")
+    assert producer.flush(30) == 0
+    return ports
+
+
+def wait_for_names(lab, container: str, port: int, names: set[str], timeout: float = 120) -> dict:
+    """The scrape of `port` once it has every name of `names` (JVMs register some MBeans late)."""
+    seen: dict = {}
+
+    def complete() -> bool:
+        seen.clear()
+        seen.update(scrape(port))
+        return names <= set(seen)
+
+    wait_until(f"{container}'s /metrics with {sorted(names)}", complete, timeout=timeout, interval=3,
+               on_timeout=lambda: f"missing: {sorted(names - set(seen))}\n{lab.logs(container)}")
+    return seen
+
+
+def test_standalone_zookeeper_exports_what_the_rules_use(lab, ports):
+    metrics = wait_for_names(lab, "zookeeper", ports["zookeeper"], used_by("zookeeper"))
+    assert metrics["zookeeper_serving"] == [('{role="standalone"}', 1.0)]
+
+
+def test_zookeeper_ensemble_exports_one_leader_two_followers_and_its_size(lab, ports):
+    roles = []
+    for i in (1, 2, 3):
+        metrics = wait_for_names(lab, f"zk{i}", ports[f"zk{i}"], used_by("zookeeper") | {"zookeeper_quorum_size"})
+        assert metrics["zookeeper_quorum_size"] == [(f'{{server_id="{i}"}}', 3.0)]
+        [(labels, value)] = metrics["zookeeper_serving"]
+        assert value == 1.0 and f'server_id="{i}"' in labels
+        roles.append(re.search(r'role="(\w+)"', labels)[1])
+    assert sorted(roles) == ["Follower", "Follower", "Leader"]
+
+
+def test_kafka_broker_exports_what_the_rules_use(lab, ports):
+    metrics = wait_for_names(lab, "kafka", ports["kafka"], used_by("kafka"))
+    assert metrics["kafka_controller_activecontrollercount"] == [("", 1.0)]
+    assert metrics["kafka_server_replicamanager_underreplicatedpartitions"] == [("", 0.0)]
+    topics = {labels for labels, _ in metrics["kafka_server_brokertopicmetrics_messagesin_total"]}
+    assert f'{{topic="{RELAYED}"}}' in topics
+
+
+def test_mirrormaker_exports_replication_latency_and_lag_per_partition(lab, ports):
+    metrics = wait_for_names(lab, "mirrormaker", ports["mirrormaker"], used_by("mirrormaker"), timeout=150)
+    lag = {labels for labels, _ in metrics["kafka_connect_mirror_source_consumer_records_lag"]}
+    assert {f'{{flow="src->dst",partition="{p}",topic="{RELAYED}"}}' for p in (0, 1)} <= lag
+
+    def copied() -> bool:   # the latency is NaN until MirrorMaker has copied a record of the window
+        latency = scrape(ports["mirrormaker"])["kafka_connect_mirror_source_replication_latency_ms_max"]
+        return any(value == value and f'topic="src.{RELAYED}"' in labels for labels, value in latency)
+
+    wait_until("MirrorMaker's replication latency of copied records", copied, timeout=90, interval=3,
+               on_timeout=lambda: lab.logs("mirrormaker"))
+
+
+def test_cassandra_exports_what_the_rules_use(lab, ports):
+    metrics = wait_for_names(lab, "cassandra", ports["cassandra"], used_by("cassandra"), timeout=240)
+    assert dict(metrics["cassandra_endpoints"]) == {'{state="up"}': 1.0, '{state="down"}': 0.0}
+
+
+def test_exporter_is_off_without_jmx_exporter_port(lab, ports):
+    def java_runs() -> bool:
+        return "QuorumPeerMain" in command_lines()
+
+    def command_lines() -> str:
+        return lab.exec("zookeeper-plain", "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+
+    wait_until("ZooKeeper without the exporter", java_runs, timeout=60, on_timeout=lambda: lab.logs("zookeeper-plain"))
+    assert "-javaagent" not in command_lines()
+    assert "jmx_prometheus_javaagent" in lab.exec("zookeeper", "sh", "-c", "cat /proc/[0-9]*/cmdline").stdout
+
+
+def test_prometheus_image_loads_the_rules_and_answers_ready(lab, ports):
+    base = f"http://127.0.0.1:{ports['prometheus']}"
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as resp:
+            return resp.status == 200
+
+    wait_until("prometheus /-/ready", ready, timeout=60, on_timeout=lambda: lab.logs("prometheus"))
+    with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as resp:
+        groups = json.load(resp)["data"]["groups"]
+    loaded = {rule["name"] for group in groups for rule in group["rules"]}
+    assert loaded == {rule["alert"] for rule in alert_rules.rules()}
+    container = f"{lab.network}-prometheus"
+    assert docker("exec", container, "id", "-u").stdout.strip() == "1000"
+    checked = docker("exec", container, "promtool", "check", "rules", "/etc/prometheus/rules/iot-stack.yml",
+                     check=False)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
