@@ -10,7 +10,8 @@ import pytest
 
 from tooling import chaos
 
-pytestmark = pytest.mark.smoke
+# The upgrade reruns site.yml for site-a and rolls each stateful node behind its gates: about 15-20 min here.
+pytestmark = [pytest.mark.smoke, pytest.mark.timeout(3000)]
 
 RATE = 50.0
 
