@@ -26,7 +26,13 @@ from confluent_kafka import Consumer, Producer
 from tooling.progress import log
 from tooling.stack_render import filters  # the Ansible filter plugin: the relay's ACLs and login line
 from tooling.testbed.docker_lab import Lab, docker, free_port, image
-from tooling.testbed.kafka_cluster import KafkaCluster, create_topics, ensure_access, start_kafka_cluster
+from tooling.testbed.kafka_cluster import (
+    MM2_SINGLE_BROKER,
+    KafkaCluster,
+    create_topics,
+    ensure_access,
+    start_kafka_cluster,
+)
 
 TOPIC = "temperature-rollups-1m"
 PARTITIONS = 3
@@ -54,10 +60,7 @@ def _mm2_properties(site: KafkaCluster, datacenter: KafkaCluster, alias: str, se
              f"datacenter->{alias}.enabled = false", "offset-syncs.topic.location = target",
              "datacenter.exactly.once.source.support = enabled", "dedicated.mode.enable.internal.rest = true",
              "sync.topic.acls.enabled = false", "refresh.topics.interval.seconds = 5", "tasks.max = 2"]
-    lines += [f"{k} = 1" for k in ("replication.factor", "checkpoints.topic.replication.factor",
-                                   "heartbeats.topic.replication.factor", "offset-syncs.topic.replication.factor",
-                                   "offset.storage.replication.factor", "status.storage.replication.factor",
-                                   "config.storage.replication.factor")]
+    lines += MM2_SINGLE_BROKER.splitlines()
     if secure:
         lines += [f"{alias}.security.protocol = SASL_SSL", f"{alias}.sasl.mechanism = SCRAM-SHA-512",
                   f"{alias}.sasl.jaas.config = {filters.scram_jaas_config(*RELAY)}",

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tooling.testbed import alert_rules
 from tooling.testbed.docker_lab import docker, free_port, wait_until
+from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER
 
 EXPORTER = "9404"
 ENSEMBLE = " ".join(f"server.{i}=zk{i}:2888:3888;2181" for i in (1, 2, 3))
@@ -35,13 +36,7 @@ emit.checkpoints.enabled = false
 sync.group.offsets.enabled = false
 sync.topic.acls.enabled = false
 refresh.topics.interval.seconds = 5
-replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
+{MM2_SINGLE_BROKER}
 """
 
 

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from tooling.stack_render import REPO, filters, load_inventory, render_role_template
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
-from tooling.testbed.kafka_cluster import create_topics, ensure_access, start_kafka_cluster
+from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER, create_topics, ensure_access, start_kafka_cluster
 
 TOPIC = "temperature-threshold-events"
 RECORDS = 200
@@ -55,13 +55,7 @@ site-a->datacenter.enabled = true
 site-a->datacenter.topics = {TOPIC}
 datacenter->site-a.enabled = false
 # single-broker test clusters
-replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
+{MM2_SINGLE_BROKER}
 sync.topic.acls.enabled = false
 refresh.topics.interval.seconds = 5
 # as the relay renders it: nothing written into the site, exactly-once into the datacenter

@@ -23,6 +23,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from services.common import kafka_auth
 from tooling.testbed.docker_lab import Lab, free_port, image, wait_until
 
+# MirrorMaker's replication factors on the single-broker test clusters (mm2.properties lines).
+MM2_SINGLE_BROKER = "\n".join(f"{key} = 1" for key in (
+    "replication.factor", "checkpoints.topic.replication.factor", "heartbeats.topic.replication.factor",
+    "offset-syncs.topic.replication.factor", "offset.storage.replication.factor",
+    "status.storage.replication.factor", "config.storage.replication.factor"))
 
 @dataclass(frozen=True)
 class KafkaCluster:
