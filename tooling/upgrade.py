@@ -24,6 +24,7 @@ from tooling.progress import log
 
 IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto")
 STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-\d+$")
+# Not "health_status: unhealthy": a loaded node's check can time out once while it keeps serving.
 DOWN_ACTIONS = ("kill", "stop", "die")
 UP_ACTION = "health_status: healthy"
 
@@ -81,7 +82,7 @@ def events(hosts: list[lab.LabHost], site: str, since: float, until: float) -> l
     found = []
     for host in (h for h in hosts if h.site == site):
         out = lab.host_exec(host, "docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}",
-                            "--filter", "type=container", "--filter", f"label=com.docker.swarm.stack.namespace={site}",
+                            "--filter", "type=container", "--filter", f"label=com.docker.stack.namespace={site}",
                             "--format", "{{json .}}", timeout=120).stdout
         found += [json.loads(line) for line in out.splitlines() if line.strip()]
     return sorted(found, key=lambda e: int(e.get("timeNano", 0)))

@@ -33,6 +33,7 @@ def test_every_stateful_node_of_the_site_restarted_once(outcome, lab_hosts):
 
 def test_no_two_nodes_of_a_kind_were_down_at_once(outcome):
     from tooling import upgrade
+    assert outcome.upgrade.downtimes, "no downtime read from the Docker events: " + outcome.upgrade.summary()
     assert upgrade.overlapping(outcome.upgrade.downtimes) == [], outcome.upgrade.summary()
     assert all(d.end < outcome.upgrade.finished for d in outcome.upgrade.downtimes), outcome.upgrade.summary()
 
