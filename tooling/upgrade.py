@@ -7,6 +7,9 @@ the site's hosts over the run. A node is down from the first kill, stop or die o
 container of the same service reports healthy (each stateful service has a healthcheck), so the figures
 include the time a node takes to serve again, not only its process restart.
 
+Limit: `docker events --since` answers from dockerd's last 256 events, so on a host with many containers
+the upgrade's events can be gone by the end (site-a-1 in CI); they should be streamed during the run.
+
 tooling/chaos.py runs it as the `rolling-upgrade` case while a device publishes
 (tests/lab/test_6_upgrade.py asserts nothing acknowledged was lost and no two nodes of a kind were down at
 once).

@@ -10,8 +10,12 @@ import pytest
 
 from tooling import chaos
 
-# The upgrade reruns site.yml for site-a and rolls each stateful node behind its gates: about 15-20 min here.
-pytestmark = [pytest.mark.smoke, pytest.mark.timeout(3000)]
+# The upgrade reruns site.yml for site-a and rolls each stateful node behind its gates: about 20 min here.
+# Not in the smoke yet: `docker events --since` answers from dockerd's last 256 events only, and on site-a-1
+# (many containers, a healthcheck exec every few seconds) the upgrade's kills and starts are gone by the end,
+# so the downtimes of zookeeper-1, kafka-1 and cassandra-1 are not read (CI, 2026-11-25). The events must be
+# streamed while the upgrade runs (tooling/upgrade.py) before this can join the smoke.
+pytestmark = pytest.mark.timeout(3000)
 
 RATE = 50.0
 
