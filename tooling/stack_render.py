@@ -21,15 +21,16 @@ from tooling import pins
 REPO = pins.REPO_ROOT
 
 
-def _plugin():
-    spec = importlib.util.spec_from_file_location("iot_stack_filters", REPO / "ansible/filter_plugins/iot_stack.py")
+def _plugin(name: str, module_name: str):
+    spec = importlib.util.spec_from_file_location(module_name, REPO / f"ansible/filter_plugins/{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-filters = _plugin()
+filters = _plugin("iot_stack", "iot_stack_filters")
+rollout = _plugin("iot_rollout", "iot_rollout_filters")   # the staged deploy's plan (ansible/filter_plugins)
 
 
 def group_vars() -> dict:

@@ -3,16 +3,10 @@ most one ZooKeeper, Kafka or Cassandra node changes at a time, the ZooKeeper lea
 stacks the templates render for inventory.example's site-a (three nodes of each)."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, image_ids, load_inventory, render
-
-_spec = importlib.util.spec_from_file_location("iot_rollout", REPO / "ansible/filter_plugins/iot_rollout.py")
-rollout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rollout)
+from tooling.stack_render import REPO, filters, image_ids, load_inventory, render, rollout
 
 LABEL = "org.iot-stack.image-id"
 STATEFUL = ["zookeeper-1", "zookeeper-2", "zookeeper-3", "kafka-1", "kafka-2", "kafka-3",
