@@ -47,7 +47,7 @@ IMAGES: tuple[Image, ...] = (
     Image("mosquitto", parent="runtime"),
     Image("services", parent="runtime", python="services", project_wheel=True),
     Image("registry", parent="runtime"),  # a multi-node site's own registry (ansible images role)
-    Image("prometheus", parent="runtime", sources=("monitoring",)),  # rules from monitoring/; not in the stacks yet
+    Image("prometheus", parent="runtime", sources=("monitoring",)),  # every site's; rules and console from monitoring/
     Image("lab-host", parent="runtime"),  # scripts/lab only; never shipped to sites
 )
 BY_NAME = {image.name: image for image in IMAGES}

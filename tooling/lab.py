@@ -400,6 +400,7 @@ stack_resources:
   spark_master: {{cpus: "0.5", memory: 512M, reserve: 128M}}
   spark_worker: {{cpus: "1.0", memory: 1G, reserve: 256M}}
   spark_job: {{cpus: "1.0", memory: 1200M, reserve: 256M}}
+  prometheus: {{cpus: "0.25", memory: 256M, reserve: 64M}}
 stack_spark:
   mode: local
   driver_memory: 640m

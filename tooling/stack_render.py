@@ -71,13 +71,19 @@ def stack_settings() -> dict:
         "cassandra_backup": {"interval_minutes": d["stack_cassandra_backup_interval_minutes"],
                              "keep": d["stack_cassandra_backup_keep"]},
         "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
+        "monitoring": {"port": d["stack_prometheus_port"], "retention": d["stack_prometheus_retention"],
+                       "exporter_port": d["stack_jmx_exporter_port"]},
     }
+
+
+# The images the stacks run (the stack role's vars/main.yml __stack_images).
+STACK_IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto", "prometheus")
 
 
 def image_ids(**rebuilt: str) -> dict[str, str]:
     """Stand-in ids of the shipped images (the images role's images_ids); `rebuilt`: name -> another build."""
     return {n: "sha256:" + hashlib.sha256(f"{n}{rebuilt.get(n, '')}".encode()).hexdigest()
-            for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
+            for n in STACK_IMAGES}
 
 
 def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[str, str] | None = None) -> dict:
@@ -86,17 +92,20 @@ def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[st
     env.filters.update(CoreFilters().filters())
     env.filters.update(filters.FilterModule().filters())
     tag = pins.load().image_tag
-    images = {n: f"iot-stack/{n}:{tag}" for n in ("kafka", "cassandra", "spark", "services", "mosquitto")}
+    images = {n: f"iot-stack/{n}:{tag}" for n in STACK_IMAGES}
     # The tier's config and secret names as the stack role writes them (vars/main.yml __stack_files).
     # plus the pki role's (vars/main.yml __stack_site_files): each broker's keystore, the CA, Mosquitto's.
     declared = stack_vars()["__stack_files"][tier]
+    monitoring = stack_vars()["__stack_monitoring_files"]
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
+    pki += ["prometheus_tls_cert", "prometheus_tls_key"]
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     pki += ["spark_auth_secret"]
     settings = settings or stack_settings()
     kafka = [f"kafka_password_{user}" for user in kafka_internal_users(tier, settings)]
-    files = filters.stack_files({"configs": dict.fromkeys(declared["configs"], "c"),
-                                 "secrets": dict.fromkeys([*declared["secrets"], *pki, *kafka], "s")},
+    files = filters.stack_files({"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
+                                 "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki,
+                                                           *kafka], "s")},
                                 "/opt/iot-stack/x")
     text = env.get_template(f"{tier}.yml.j2").render(
         t=topology, s=settings, img=images, img_ids=ids or image_ids(), files=files, ansible_managed="test")

@@ -11,8 +11,8 @@ Per-host variables (all optional except swarm_role):
   kafka_id         1..n, unique in the site: this node runs kafka-<id>
   cassandra_id     1..n, unique in the site: this node runs cassandra-<id>
   apps_node        true: the stateless services run here: Spark master, worker and
-                   jobs, bridge, Cassandra adapter, MirrorMaker (one node per site;
-                   Spark checkpoints live on this node's volumes)
+                   jobs, bridge, Cassandra adapter, MirrorMaker, Prometheus (one node per
+                   site; Spark checkpoints and Prometheus' data live on this node's volumes)
   mqtt_node        true: Mosquitto runs here (devices connect to this address; edge only)
   ansible_host     address other sites and devices use to reach this node
 """
@@ -103,7 +103,10 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "manager": managers[0],
         "managers": managers,
         "nodes": list(hosts),
-        "apps_node": _flag(hostvars, hosts, "apps_node", "Spark, bridge, adapter, MirrorMaker", site_alias),
+        "apps_node": (apps_node := _flag(hostvars, hosts, "apps_node", "Spark, bridge, adapter, MirrorMaker",
+                                         site_alias)),
+        # Operators open the site's Prometheus here (HTTPS); its certificate names this address.
+        "apps_address": _address(hostvars, apps_node),
         "mqtt_node": (mqtt_node := _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
                       if tier == "edge" else None),
         # Devices reach Mosquitto's TLS listener here; its certificate names this address.
@@ -117,8 +120,8 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
 
 def pki_servers(topology: dict) -> list[dict]:
     """The servers of one site that get a certificate, with the names clients check: each Kafka broker
-    (its EXTERNAL address and kafka-<id>) and, at an edge site, Mosquitto (the mqtt_node's address
-    and mosquitto). Used by the pki role."""
+    (its EXTERNAL address and kafka-<id>), Prometheus (the apps_node's address and prometheus) and, at
+    an edge site, Mosquitto (the mqtt_node's address and mosquitto). Used by the pki role."""
     def san(address: str) -> str:
         try:
             ipaddress.ip_address(address)
@@ -127,6 +130,7 @@ def pki_servers(topology: dict) -> list[dict]:
             return f"DNS:{address}"
     servers = [{"name": f"kafka-{k['id']}", "sans": [san(str(k["address"])), f"DNS:kafka-{k['id']}"]}
                for k in topology["kafka"]]
+    servers.append({"name": "prometheus", "sans": [san(str(topology["apps_address"])), "DNS:prometheus"]})
     if topology.get("mqtt_address"):
         servers.append({"name": "mosquitto", "sans": [san(str(topology["mqtt_address"])), "DNS:mosquitto"]})
     return servers
@@ -156,7 +160,7 @@ def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str
     if "iot.cassandra" in labels:
         needed.add("cassandra")
     if "iot.apps" in labels:
-        needed.update({"spark", "services"} | ({"kafka"} if tier == "datacenter" else set()))
+        needed.update({"spark", "services", "prometheus"} | ({"kafka"} if tier == "datacenter" else set()))
     if "iot.mqtt" in labels:
         needed.add("mosquitto")
     return sorted(needed)
@@ -226,16 +230,21 @@ _BCRYPT_B64 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy
                             "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 
-def registry_htpasswd(user: str, password: str, salt_key: str) -> str:
-    """One line of the site registry's htpasswd file (bcrypt, which Distribution requires), stable so
-    reruns change nothing: the salt is an HMAC of user and password keyed by `salt_key`, as in
-    mosquitto_passwd."""
+def bcrypt_hash(password: str, user: str, salt_key: str) -> str:
+    """A bcrypt hash of `user`'s password, stable so reruns change nothing: the salt is an HMAC of user
+    and password keyed by `salt_key`, as in mosquitto_passwd. The site registry's htpasswd and
+    Prometheus' web configuration (basic_auth_users) take it."""
     import bcrypt  # the controller's venv (pyproject, deploy); imported here, only when used
     if len(str(salt_key)) < 32:
-        _fail("registry_htpasswd: the salt key must be at least 32 characters")
+        _fail("bcrypt_hash: the salt key must be at least 32 characters")
     raw = hmac.new(str(salt_key).encode(), f"{user}:{password}".encode(), hashlib.sha256).digest()[:16]
     salt = base64.b64encode(raw).decode()[:22].translate(_BCRYPT_B64)
-    return f"{user}:{bcrypt.hashpw(str(password).encode(), f'$2b$10${salt}'.encode()).decode()}\n"
+    return bcrypt.hashpw(str(password).encode(), f"$2b$10${salt}".encode()).decode()
+
+
+def registry_htpasswd(user: str, password: str, salt_key: str) -> str:
+    """One line of the site registry's htpasswd file (bcrypt, which Distribution requires)."""
+    return f"{user}:{bcrypt_hash(password, user, salt_key)}\n"
 
 
 # ---------------------------------------------------------------- kafka access
@@ -735,7 +744,7 @@ class FilterModule:
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
                 "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
-                "registry_htpasswd": registry_htpasswd,
+                "registry_htpasswd": registry_htpasswd, "bcrypt_hash": bcrypt_hash,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "rolled_back": rolled_back, "from_toml": from_toml,
                 "secret_refusals": secret_refusals,

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
-            "mqtt_address": "10.20.0.11"}
+            "mqtt_address": "10.20.0.11", "apps_address": "10.20.0.13"}
 
 PLAY = """
 - hosts: localhost
@@ -70,7 +70,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
     assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore",
-                            "mosquitto_tls_cert", "mosquitto_tls_key", "spark_auth_secret"}
+                            "mosquitto_tls_cert", "mosquitto_tls_key", "prometheus_tls_cert", "prometheus_tls_key",
+                            "spark_auth_secret"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
@@ -88,19 +89,21 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
         assert address in found and f"kafka-{kafka['id']}" in found, found
 
 
-def test_mosquitto_gets_a_chain_naming_the_address_devices_use_and_its_key_alone(runs):
+@pytest.mark.parametrize("server, address", [("mosquitto", "mqtt_address"), ("prometheus", "apps_address")])
+def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(runs, server, address):
+    """Mosquitto (devices reach the mqtt_node) and Prometheus (operators reach the apps_node)."""
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
-    cert, chain_ca = x509.load_pem_x509_certificates(secrets["mosquitto_tls_cert"].encode())
+    cert, chain_ca = x509.load_pem_x509_certificates(secrets[f"{server}_tls_cert"].encode())
     assert chain_ca == ca
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [TOPOLOGY["mqtt_address"]]
-    assert names.get_values_for_type(x509.DNSName) == ["mosquitto"]
-    key = serialization.load_pem_private_key(secrets["mosquitto_tls_key"].encode(), password=None)
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [TOPOLOGY[address]]
+    assert names.get_values_for_type(x509.DNSName) == [server]
+    key = serialization.load_pem_private_key(secrets[f"{server}_tls_key"].encode(), password=None)
     assert key.public_key() == cert.public_key()
-    assert "CERTIFICATE" not in secrets["mosquitto_tls_key"]
+    assert "CERTIFICATE" not in secrets[f"{server}_tls_key"]
 
 
 def test_second_run_changes_nothing(runs):

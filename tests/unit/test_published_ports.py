@@ -62,8 +62,19 @@ def _mosquitto_plain(service: dict) -> tuple[str, str]:
     return _mosquitto_auth(service), ""      # 1883 is plain MQTT: published only on request
 
 
+def _prometheus(service: dict) -> tuple[str, str]:
+    # Prometheus reads its web configuration (prometheus-web.yml.j2: a bcrypt login and the TLS
+    # certificate) from the Swarm secret the command names; test_monitoring_stack.py renders that file
+    # and tests/lab/test_2_monitoring.py shows the port refuses plain HTTP and anonymous requests.
+    web = "--web.config.file=/run/secrets/prometheus_web.yml" in service["command"] and \
+        {"source": "prometheus_web", "target": "prometheus_web.yml"} in service["secrets"]
+    tls = web and {"prometheus_tls_cert", "prometheus_tls_key"} <= {
+        s["source"] for s in service["secrets"] if isinstance(s, dict)}
+    return ("basic auth (bcrypt)" if web else ""), ("TLS, the site's Prometheus certificate" if tls else "")
+
+
 CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 1883): _mosquitto_plain,
-          ("mosquitto", 8883): _mosquitto_tls}
+          ("mosquitto", 8883): _mosquitto_tls, ("prometheus", 9090): _prometheus}
 
 
 def _check(service_name: str, target: int):
@@ -73,7 +84,8 @@ def _check(service_name: str, target: int):
 
 def test_every_stack_publishes_something():
     assert {(site, target) for site, _, _, target in PUBLISHED} >= {("site-a", 9094), ("site-a", 8883),
-                                                                     ("datacenter", 9094)}
+                                                                     ("datacenter", 9094), ("site-a", 9090),
+                                                                     ("datacenter", 9090)}
 
 
 @pytest.mark.parametrize("site, name, service, target", PUBLISHED,

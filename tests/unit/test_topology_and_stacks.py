@@ -65,11 +65,11 @@ def test_bad_site_alias_is_named():
 def test_node_labels_and_images_follow_the_host_variables():
     host = {"zookeeper_id": "2", "kafka_id": 2, "apps_node": "true"}
     assert filters.node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
-    assert filters.node_images(host, "edge", False) == ["kafka", "services", "spark"]
+    assert filters.node_images(host, "edge", False) == ["kafka", "prometheus", "services", "spark"]
     assert filters.node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "services"]
     assert filters.node_images({"cassandra_id": 1}, "edge", False) == ["cassandra"]
     site = {"m": {"swarm_role": "manager", "kafka_id": 1}, "w": {"swarm_role": "worker", "cassandra_id": 1, **host}}
-    assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "services", "spark"]
+    assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "prometheus", "services", "spark"]
 
 
 def test_mosquitto_password_file_is_stable_and_salted_per_user_with_the_deployments_key():

@@ -1,0 +1,106 @@
+"""Every site's and the datacenter's stack runs its own Prometheus (issue 15): the JVMs export on the
+overlay, the rendered scrape configuration names every component the alert rules watch with the
+site's label, promtool accepts it, and the web configuration takes one bcrypt login over TLS. That
+these work against real components: tests/integration/test_metrics.py (scrapes, status page,
+KafkaBrokerDown) and tests/lab/test_2_monitoring.py (the lab's sites over HTTPS)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import bcrypt
+import pytest
+import yaml
+
+from tooling.stack_render import REPO, filters, load_inventory, render, render_role_template
+from tooling.testbed import alert_rules
+
+SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
+SALT_KEY = "s" * 43
+
+
+@pytest.fixture(scope="module")
+def example():
+    return load_inventory(REPO / "inventory.example")
+
+
+def _topology(example, group):
+    hostvars, groups = example
+    return filters.site_topology(hostvars, groups[group], group.replace("_", "-"), SITES[group])
+
+
+def _scrape_config(example, group) -> dict:
+    hostvars, groups = example
+    return yaml.safe_load(render_role_template("prometheus.yml.j2", hostvars, groups, group, SITES[group],
+                                               iot_site_alias=group.replace("_", "-")))
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_every_jvm_exports_on_the_overlay_only(example, group):
+    services = render(SITES[group], _topology(example, group))["services"]
+    jvms = [n for n in services if re.fullmatch(r"(zookeeper|kafka|cassandra)-\d+|mirrormaker", n)]
+    assert len(jvms) >= 9
+    for name in jvms:
+        assert services[name]["environment"]["JMX_EXPORTER_PORT"] == "9404", name
+        assert 9404 not in {p["target"] for p in services[name].get("ports", [])}, name
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_prometheus_runs_on_the_apps_node_with_its_volume(example, group):
+    prometheus = render(SITES[group], _topology(example, group))["services"]["prometheus"]
+    assert prometheus["deploy"]["placement"]["constraints"] == ["node.labels.iot.apps == true"]
+    assert prometheus["volumes"] == ["prometheus-data:/var/lib/prometheus/data"]
+    assert {"source": "prometheus_config", "target": "/etc/prometheus/site.yml", "mode": 292} in prometheus["configs"]
+    assert "--config.file=/etc/prometheus/site.yml" in prometheus["command"]
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_scrape_configuration_names_every_component_with_the_sites_label(example, group):
+    config = _scrape_config(example, group)
+    topology = _topology(example, group)
+    site = group.replace("_", "-")
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    for role in ("zookeeper", "kafka", "cassandra"):
+        targets = [t for c in jobs[role]["static_configs"] for t in c["targets"]]
+        assert targets == [f"{role}-{n['id']}:9404" for n in topology[role]]
+        assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
+    services = {"bridge", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
+    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra"} | services
+    for job in services - {"mirrormaker"}:
+        assert jobs[job]["relabel_configs"] == [{"target_label": "site", "replacement": site}]
+    # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge, the
+    # sites no MirrorMaker).
+    named = {job for rule in alert_rules.rules() for match in re.findall(r'job=~?"([^"]+)"', rule["expr"])
+             for job in match.split("|")}
+    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker"}
+    assert named <= set(jobs) | {"bridge", "mirrormaker"}
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian's prometheus; scripts/test installs it)")
+@pytest.mark.parametrize("group", SITES)
+def test_promtool_accepts_the_rendered_scrape_configuration(example, group, tmp_path):
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(_scrape_config(example, group)))
+    checked = subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_web_configuration_is_tls_with_one_bcrypt_login(example):
+    hostvars, groups = example
+    web = yaml.safe_load(render_role_template(
+        "prometheus-web.yml.j2", hostvars, groups, "site_a", "edge", iot_site_alias="site-a",
+        __stack_prometheus_password="the-operators-password", pki_password_salt_key=SALT_KEY))
+    assert web["tls_server_config"]["cert_file"] == "/run/secrets/prometheus_tls_cert"
+    assert web["tls_server_config"]["key_file"] == "/run/secrets/prometheus_tls_key"
+    [(user, hashed)] = web["basic_auth_users"].items()
+    assert user == "operator"
+    assert bcrypt.checkpw(b"the-operators-password", hashed.encode())
+    assert not bcrypt.checkpw(b"another-password", hashed.encode())
+
+
+def test_prometheus_certificate_names_the_apps_node(example):
+    servers = {s["name"]: s["sans"] for s in filters.pki_servers(_topology(example, "site_a"))}
+    assert servers["prometheus"] == ["IP:10.20.0.13", "DNS:prometheus"]      # site-a-3 is the apps node
