@@ -2,19 +2,26 @@
 broker and MirrorMaker 2, and the cassandra image, each with the JMX exporter on (JMX_EXPORTER_PORT),
 export every metric name the alert rules of monitoring/rules/ use for that component; the agent is
 off without the variable; the prometheus image starts as the app user, loads the rules and answers
-/-/ready, and its promtool checks them.
+/-/ready, and its promtool checks them. That Prometheus runs the scrape configuration the stack role
+renders for a one-node datacenter (each JVM answers to its stack name: zookeeper-1, kafka-1, ...): it
+scrapes every JVM, serves the status page with their figures, and fires KafkaBrokerDown once the
+broker has been stopped for the rule's two minutes (the module's last test).
 
 Every container starts at once and the tests then wait for each (Cassandra's start dominates)."""
 from __future__ import annotations
 
 import json
 import re
+import time
+import urllib.parse
 import urllib.request
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tooling import stack_render
 from tooling.testbed import alert_rules
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER
@@ -40,6 +47,23 @@ refresh.topics.interval.seconds = 5
 """
 
 
+def scrape_config(directory) -> str:
+    """prometheus.yml.j2 as the stack role renders it for a one-node datacenter, scraping every 5 s, less
+    its self-scrape (HTTPS with the site's certificate and login, which the lab tests cover); the
+    directory it is written to, mounted read-only into the container."""
+    host = {"swarm_role": "manager", "zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True,
+            "ansible_host": "127.0.0.1", "group_names": ["datacenter"]}
+    rendered = stack_render.render_role_template(
+        "prometheus.yml.j2", {"dc-1": host}, {"datacenter": ["dc-1"], "edge": [], "all": ["dc-1"]}, "datacenter",
+        "datacenter", stack_prometheus_scrape_interval="5s", iot_site_alias="test")
+    config = yaml.safe_load(rendered)
+    config["scrape_configs"] = [job for job in config["scrape_configs"] if job["job_name"] != "prometheus"]
+    directory.chmod(0o755)
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (directory / "prometheus.yml").chmod(0o644)
+    return str(directory)
+
+
 def scrape(port: int) -> dict[str, list[tuple[str, float]]]:
     """{metric name: [(labels, value), ...]} from a /metrics page on 127.0.0.1:port."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
@@ -62,13 +86,14 @@ def ports(lab, tmp_path_factory):
                                              "mirrormaker", "cassandra", "prometheus")}
     on = {"JMX_EXPORTER_PORT": EXPORTER}
     exporter = {name: {ports[name]: int(EXPORTER)} for name in ports}
-    lab.run("cassandra", "cassandra", memory="1536m", ports=exporter["cassandra"],
+    lab.run("cassandra", "cassandra", memory="1536m", ports=exporter["cassandra"], aliases=("cassandra-1",),
             env={**on, "CASSANDRA_FAST_START": "1", "CASSANDRA_HEAP": "512M"})
-    lab.run("kafka", "zookeeper", "zookeeper", memory="384m", ports=exporter["zookeeper"], env=on)
+    lab.run("kafka", "zookeeper", "zookeeper", memory="384m", ports=exporter["zookeeper"], env=on,
+            aliases=("zookeeper-1",))
     for i in (1, 2, 3):
         lab.run("kafka", f"zk{i}", "zookeeper", memory="256m", ports=exporter[f"zk{i}"],
                 env={**on, "ZOO_MY_ID": str(i), "ZOO_SERVERS": ENSEMBLE, "ZOO_HEAP_OPTS": "-Xms32m -Xmx96m"})
-    lab.run("kafka", "kafka", "kafka", memory="1g",
+    lab.run("kafka", "kafka", "kafka", memory="1g", aliases=("kafka-1",),
             ports={**exporter["kafka"], ports["kafka-external"]: 9094},
             env={**on, "KAFKA_BROKER_ID": "1", "KAFKA_ZOOKEEPER_CONNECT": "zookeeper:2181",
                  "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://kafka:9092,EXTERNAL://127.0.0.1:{ports['kafka-external']}",
@@ -76,7 +101,9 @@ def ports(lab, tmp_path_factory):
                  "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1", "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS": "3",
                  "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
                  "KAFKA_HEAP_OPTS": "-Xms128m -Xmx384m"})
-    lab.run("prometheus", "prometheus", memory="512m", ports={ports["prometheus"]: 9090})
+    lab.run("prometheus", "prometheus", memory="512m", ports={ports["prometheus"]: 9090},
+            env={"PROMETHEUS_CONFIG": "/etc/iot-test/prometheus.yml"},
+            volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro"})
     # The same image and role with the variable unset: no agent.
     lab.run("kafka", "zookeeper-plain", "zookeeper", memory="256m", env={"ZOO_HEAP_OPTS": "-Xmx64m"})
 
@@ -193,3 +220,52 @@ def test_prometheus_image_loads_the_rules_and_answers_ready(lab, ports):
     checked = docker("exec", container, "promtool", "check", "rules", "/etc/prometheus/rules/iot-stack.yml",
                      check=False)
     assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
+
+
+def prometheus_query(port: int, expr: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(expr)}"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)["data"]["result"]
+
+
+def test_prometheus_scrapes_every_jvm_and_its_status_page_shows_their_figures(lab, ports):
+    port = ports["prometheus"]
+    wanted = {"zookeeper", "kafka", "cassandra", "mirrormaker"}
+    up: dict = {}
+
+    def all_up() -> bool:
+        up.clear()
+        up.update({r["metric"]["job"]: float(r["value"][1]) for r in prometheus_query(port, "up")})
+        return set(up) >= wanted and all(up[job] == 1 for job in wanted)
+
+    wait_until("every JVM scraped and up", all_up, timeout=300, interval=5,
+               on_timeout=lambda: f"up: {up}\n{lab.logs('prometheus')}")
+    assert {r["metric"]["site"] for r in prometheus_query(port, "up")} == {"test"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/consoles/iot-stack.html", timeout=30) as resp:
+        page = resp.read().decode()
+    figures = dict(re.findall(r'id="([a-z-]+)">([^<]*)<', page))
+    assert figures["under-replicated"] == "0.0"
+    assert re.fullmatch(r"\d+\.\d", figures["relay-lag"]), figures        # MirrorMaker's lag, a number
+    assert figures["bridge-acked"] == "no data"                             # nothing here exports it
+    assert '<span class="site">test</span>' in page
+    for job in wanted:
+        assert f"<td>{job}</td>" in page
+
+
+def test_zz_kafka_broker_down_fires_once_the_broker_has_been_stopped_two_minutes(lab, ports):
+    """Last in the module: it stops the broker the other tests read."""
+    port = ports["prometheus"]
+    wait_until("kafka up in Prometheus", lambda: any(
+        float(r["value"][1]) == 1 for r in prometheus_query(port, 'up{job="kafka"}')), timeout=120, interval=5)
+    assert not prometheus_query(port, 'ALERTS{alertname="KafkaBrokerDown"}')
+    docker("stop", "-t", "30", f"{lab.network}-kafka")
+    stopped = time.monotonic()
+    wait_until("KafkaBrokerDown pending", lambda: bool(prometheus_query(
+        port, 'ALERTS{alertname="KafkaBrokerDown", alertstate="pending"}')), timeout=60, interval=3)
+    assert not prometheus_query(port, 'ALERTS{alertname="KafkaBrokerDown", alertstate="firing"}')
+    wait_until("KafkaBrokerDown firing", lambda: bool(prometheus_query(
+        port, 'ALERTS{alertname="KafkaBrokerDown", alertstate="firing"}')), timeout=200, interval=5,
+        on_timeout=lambda: lab.logs("prometheus"))
+    assert time.monotonic() - stopped >= 120          # the rule's `for: 2m`, not earlier
+    [alert] = prometheus_query(port, 'ALERTS{alertname="KafkaBrokerDown", alertstate="firing"}')
+    assert alert["metric"]["site"] == "test" and alert["metric"]["instance"] == "kafka-1:9404"
