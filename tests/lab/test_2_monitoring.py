@@ -1,0 +1,121 @@
+"""Every site's and the datacenter's own Prometheus, from the lab network as an operator's browser
+reaches it: HTTPS with the deployment's CA (the certificate names the apps node's address) and the
+operator's login only; every component it scrapes answers (the JMX exporter of each ZooKeeper, Kafka,
+Cassandra and MirrorMaker JVM, the bridge's and adapter's /metrics); the alert rules are loaded; and
+the status page /consoles/iot-stack.html shows the site's figures, with readings flowing at the edge
+sites (the lab's simulated devices publish throughout)."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tooling import lab
+
+pytestmark = pytest.mark.smoke     # a minute or two on a running lab: part of the lab smoke
+
+USER = "operator"                  # stack_prometheus_user's default
+JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter"},
+        "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter"}}
+
+
+def _apps_nodes(hosts: list[lab.LabHost]) -> dict[str, lab.LabHost]:
+    return {h.site: h for h in hosts if h.variables.get("apps_node")}
+
+
+def _get(site: str, address: str, path: str, login: bool = True) -> tuple[int, str]:
+    context = ssl.create_default_context(cafile=str(lab.pki_dir() / "ca.crt"))   # verifies the name too
+    request = urllib.request.Request(f"https://{address}:9090{path}")
+    if login:
+        password = (lab.pki_dir() / site / f"prometheus-{USER}.password").read_text().strip()
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=20) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+
+
+def _query(site: str, address: str, expr: str) -> list[dict]:
+    status, body = _get(site, address, "/api/v1/query?query=" + urllib.parse.quote(expr))
+    assert status == 200, f"{site}: query {expr} answered {status}"
+    return json.loads(body)["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def apps(lab_hosts):
+    return {site: lab.host_ip(host) for site, host in _apps_nodes(lab_hosts).items()}
+
+
+def _tier(site: str) -> str:
+    return "datacenter" if site == "datacenter" else "edge"
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_prometheus_answers_only_its_operator_over_tls(apps, site):
+    assert _get(site, apps[site], "/-/ready", login=False)[0] == 401
+    with pytest.raises(urllib.error.URLError):      # plain HTTP is refused: the port speaks only TLS
+        urllib.request.urlopen(f"http://{apps[site]}:9090/-/ready", timeout=10).read()
+    assert _get(site, apps[site], "/-/ready")[0] == 200
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_every_component_of_the_site_is_scraped_and_up(apps, site):
+    deadline = time.monotonic() + 240     # the first scrapes of a freshly deployed site
+    while True:
+        up = {(r["metric"]["job"], r["metric"]["instance"]): float(r["value"][1])
+              for r in _query(site, apps[site], "up")}
+        jobs = {job for job, _ in up}
+        down = sorted(target for target, value in up.items() if value != 1)
+        if jobs >= JOBS[_tier(site)] and not down:
+            break
+        want = sorted(JOBS[_tier(site)])
+        assert time.monotonic() < deadline, f"{site}: jobs {sorted(jobs)} (want {want}), down {down}"
+        time.sleep(10)
+    kafka = [t for t in up if t[0] == "kafka"]
+    assert len(kafka) == (2 if site == "site-a" else 1), f"{site}: one kafka target per broker, got {kafka}"
+    assert {r["metric"]["site"] for r in _query(site, apps[site], "up")} == {site}
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_the_alert_rules_are_loaded_and_nothing_critical_fires(apps, site):
+    status, body = _get(site, apps[site], "/api/v1/rules")
+    assert status == 200
+    names = {rule["name"] for group in json.loads(body)["data"]["groups"] for rule in group["rules"]}
+    assert {"KafkaBrokerDown", "CassandraNodeDown", "ServiceDown", "RelayLagging"} <= names
+    firing = [r["metric"]["alertname"] for r in _query(site, apps[site], 'ALERTS{alertstate="firing"}')]
+    assert not [a for a in firing if a.endswith("Down")], f"{site}: firing {firing}"
+
+
+def _figure(page: str, figure_id: str) -> str:
+    match = re.search(rf'id="{figure_id}">([^<]*)<', page)
+    assert match, f"figure {figure_id} missing from the page"
+    return match[1].strip()
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_the_status_page_shows_the_sites_figures(apps, site):
+    deadline = time.monotonic() + 180     # rates need two scrapes of a counter that moved
+    while True:
+        status, page = _get(site, apps[site], "/consoles/iot-stack.html")
+        assert status == 200, f"{site}: the status page answered {status}"
+        figures = {f: _figure(page, f) for f in ("kafka-in", "rows-per-s", "rows-written", "dead-letters",
+                                                 "under-replicated", "relay-lag", "bridge-acked")}
+        flowing = (float(figures["kafka-in"]) > 0 and float(figures["bridge-acked"]) > 0
+                   if _tier(site) == "edge" else figures["relay-lag"] != "no data")
+        if flowing and float(figures["rows-written"]) > 0:
+            break
+        assert time.monotonic() < deadline, f"{site}: figures {figures}"
+        time.sleep(15)
+    assert f'<span class="site">{site}</span>' in page
+    assert figures["under-replicated"] == "0.0"
+    assert re.fullmatch(r"\d+\.\d", figures["dead-letters"]), figures
+    if _tier(site) == "datacenter":
+        assert figures["bridge-acked"] == "no data"     # no bridge at the datacenter
