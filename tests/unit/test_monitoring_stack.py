@@ -13,7 +13,7 @@ import bcrypt
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, load_inventory, render, render_role_template
+from tooling.stack_render import REPO, filters, load_inventory, render, render_role_template, stack_defaults
 from tooling.testbed import alert_rules
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
@@ -66,7 +66,10 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
         assert targets == [f"{role}-{n['id']}:9404" for n in topology[role]]
         assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
     services = {"bridge", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
-    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra"} | services
+    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark"} | services
+    spark_jobs = [job["name"] for job in stack_defaults()["stack_spark"]["jobs"][SITES[group]]]
+    assert [(c["targets"], c["labels"]) for c in jobs["spark"]["static_configs"]] == [
+        ([f"{name}:4040"], {"site": site, "spark_job": name}) for name in spark_jobs]
     for job in services - {"mirrormaker"}:
         assert jobs[job]["relabel_configs"] == [{"target_label": "site", "replacement": site}]
     # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge, the
@@ -104,3 +107,35 @@ def test_web_configuration_is_tls_with_one_bcrypt_login(example):
 def test_prometheus_certificate_names_the_apps_node(example):
     servers = {s["name"]: s["sans"] for s in filters.pki_servers(_topology(example, "site_a"))}
     assert servers["prometheus"] == ["IP:10.20.0.13", "DNS:prometheus"]      # site-a-3 is the apps node
+
+
+def _relabel(rules: list[dict], name: str) -> tuple[str, dict] | None:
+    """Prometheus' metric_relabel_configs (replace and keep on __name__) applied to one sample's name;
+    None when a keep rule drops it. Prometheus anchors its regexes, as fullmatch does."""
+    labels = {"__name__": name}
+    for rule in rules:
+        value = ";".join(labels.get(label, "") for label in rule["source_labels"])
+        match = re.fullmatch(rule["regex"], value)
+        if rule.get("action") == "keep":
+            if not match:
+                return None
+        elif match:
+            labels[rule["target_label"]] = match.expand(rule["replacement"].replace("$", "\\"))
+    return labels.pop("__name__"), labels
+
+
+def test_spark_streaming_gauges_are_renamed_per_query_and_the_rest_dropped(example):
+    """Names as the spark image's PrometheusServlet serves them (namespace iot; seen on Spark 4.2.0)."""
+    rules = {job["job_name"]: job for job in _scrape_config(example, "site_a")["scrape_configs"]}["spark"]
+    rules = rules["metric_relabel_configs"]
+    assert _relabel(rules, "metrics_iot_driver_spark_streaming_threshold_events_latency_Value") == \
+        ("spark_streaming_latency", {"query": "threshold_events"})
+    assert _relabel(rules, "metrics_iot_driver_spark_streaming_dead_letters_inputRate_total_Value") == \
+        ("spark_streaming_inputRate_total", {"query": "dead_letters"})
+    assert _relabel(rules, "metrics_iot_driver_spark_streaming_threshold_events_latency_Number") is None
+    assert _relabel(rules, "metrics_iot_driver_BlockManager_memory_maxMem_MB_Value") is None
+    # Every spark_streaming_ name the rules use is one the relabelling makes.
+    used = alert_rules.names_by_owner()["spark"]
+    figures = re.search(r"\(([A-Za-z_|]+)\)_Value$", rules[0]["regex"])[1].split("|")
+    made = {f"spark_streaming_{figure}" for figure in figures}
+    assert used and used <= made

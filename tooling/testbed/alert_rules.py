@@ -33,6 +33,7 @@ OWNERS = (
     ("cassandra_", "cassandra"),
     ("iot_adapter_", "adapter"),
     ("bridge_", "bridge"),
+    ("spark_streaming_", "spark"),
     ("process_", "every process"),
     ("up", "prometheus"),
 )
