@@ -3,17 +3,22 @@ reaches it: HTTPS with the deployment's CA (the certificate names the apps node'
 operator's login only; every component it scrapes answers (the JMX exporter of each ZooKeeper, Kafka,
 Cassandra and MirrorMaker JVM, the bridge's and adapter's /metrics); the alert rules are loaded; and
 the status page /consoles/iot-stack.html shows the site's figures, with readings flowing at the edge
-sites (the lab's simulated devices publish throughout)."""
+sites (the lab's simulated devices publish throughout), also as headless Chromium renders it, trusting
+only the deployment's CA (a screenshot per site is left in the lab directory, screenshots/)."""
 from __future__ import annotations
 
 import base64
 import json
 import re
+import shutil
 import ssl
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -22,20 +27,24 @@ from tooling import lab
 pytestmark = pytest.mark.smoke     # a minute or two on a running lab: part of the lab smoke
 
 USER = "operator"                  # stack_prometheus_user's default
-JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter"},
-        "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter"}}
+JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter", "spark"},
+        "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter", "spark"}}
+SPARK_JOB = {"edge": "threshold-detector", "datacenter": "notifier"}      # the lab's (tooling/lab.py LAB_JOBS)
 
 
 def _apps_nodes(hosts: list[lab.LabHost]) -> dict[str, lab.LabHost]:
     return {h.site: h for h in hosts if h.variables.get("apps_node")}
 
 
+def _password(site: str) -> str:
+    return (lab.pki_dir() / site / f"prometheus-{USER}.password").read_text().strip()
+
+
 def _get(site: str, address: str, path: str, login: bool = True) -> tuple[int, str]:
     context = ssl.create_default_context(cafile=str(lab.pki_dir() / "ca.crt"))   # verifies the name too
     request = urllib.request.Request(f"https://{address}:9090{path}")
     if login:
-        password = (lab.pki_dir() / site / f"prometheus-{USER}.password").read_text().strip()
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{password}".encode()).decode())
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{_password(site)}".encode()).decode())
     try:
         with urllib.request.urlopen(request, context=context, timeout=20) as response:
             return response.status, response.read().decode()
@@ -82,6 +91,9 @@ def test_every_component_of_the_site_is_scraped_and_up(apps, site):
     kafka = [t for t in up if t[0] == "kafka"]
     assert len(kafka) == (2 if site == "site-a" else 1), f"{site}: one kafka target per broker, got {kafka}"
     assert {r["metric"]["site"] for r in _query(site, apps[site], "up")} == {site}
+    # The Spark job's streaming queries, renamed by the scrape configuration (one series per query).
+    queries = _query(site, apps[site], f'spark_streaming_latency{{spark_job="{SPARK_JOB[_tier(site)]}"}}')
+    assert queries and all(r["metric"]["query"] for r in queries), queries
 
 
 @pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
@@ -108,9 +120,12 @@ def test_the_status_page_shows_the_sites_figures(apps, site):
         assert status == 200, f"{site}: the status page answered {status}"
         figures = {f: _figure(page, f) for f in ("kafka-in", "rows-per-s", "rows-written", "dead-letters",
                                                  "under-replicated", "relay-lag", "bridge-acked")}
+        # Edge: readings arrive and are written. Datacenter: MirrorMaker reports its lag per flow (its
+        # adapter writes only when a site sends an event or a registration, so it may show no rows).
         flowing = (float(figures["kafka-in"]) > 0 and float(figures["bridge-acked"]) > 0
+                   and float(figures["rows-written"]) > 0
                    if _tier(site) == "edge" else figures["relay-lag"] != "no data")
-        if flowing and float(figures["rows-written"]) > 0:
+        if flowing:
             break
         assert time.monotonic() < deadline, f"{site}: figures {figures}"
         time.sleep(15)
@@ -119,3 +134,49 @@ def test_the_status_page_shows_the_sites_figures(apps, site):
     assert re.fullmatch(r"\d+\.\d", figures["dead-letters"]), figures
     if _tier(site) == "datacenter":
         assert figures["bridge-acked"] == "no data"     # no bridge at the datacenter
+
+
+BROWSER = "chromium-headless-shell"     # Debian's package of the same name; scripts/test installs it
+
+
+@pytest.fixture(scope="module")
+def browser_home():
+    """A HOME whose NSS database trusts the lab's CA and nothing else: Chromium then checks Prometheus'
+    certificate as an operator's browser that imported the CA would."""
+    assert shutil.which(BROWSER) and shutil.which("certutil"), \
+        f"{BROWSER} and certutil are missing: apt-get install {BROWSER} libnss3-tools (scripts/test does)"
+    with tempfile.TemporaryDirectory() as home:
+        nssdb = Path(home) / ".pki" / "nssdb"
+        nssdb.mkdir(parents=True)
+        subprocess.run(["certutil", "-N", "-d", f"sql:{nssdb}", "--empty-password"], check=True)
+        subprocess.run(["certutil", "-A", "-d", f"sql:{nssdb}", "-t", "C,,", "-n", "iot-stack-lab-ca",
+                        "-i", str(lab.pki_dir() / "ca.crt")], check=True)
+        yield home
+
+
+def _browse(home: str, url: str, *how: str) -> str:
+    # The login rides in the URL (Chromium has no flag for it); the lab's password, on the controller.
+    result = subprocess.run([BROWSER, "--no-sandbox", "--disable-gpu", "--window-size=1100,1300", *how, url],
+                            env={"HOME": home, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_the_status_page_renders_in_a_browser_that_trusts_only_the_deployments_ca(apps, browser_home, site):
+    page = f"https://{apps[site]}:9090/consoles/iot-stack.html"
+    rendered = _browse(browser_home, page.replace("https://", f"https://{USER}:{_password(site)}@"), "--dump-dom")
+    assert f'<span class="site">{site}</span>' in rendered, rendered[-2000:]
+    for figure in ("kafka-in", "rows-written", "dead-letters", "under-replicated", "relay-lag"):
+        value = _figure(rendered, figure)
+        assert value == "no data" or re.fullmatch(r"\d+\.\d", value), (figure, value)
+    if _tier(site) == "edge":
+        assert float(_figure(rendered, "rows-written")) > 0
+    # Without the login Prometheus answers 401 and the browser shows none of the page.
+    assert '<span class="site">' not in _browse(browser_home, page, "--dump-dom")
+    shots = lab.lab_dir() / "screenshots"
+    shots.mkdir(exist_ok=True)
+    shot = shots / f"{site}-status.png"
+    shot.unlink(missing_ok=True)
+    _browse(browser_home, page.replace("https://", f"https://{USER}:{_password(site)}@"), f"--screenshot={shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, shot
