@@ -639,6 +639,17 @@ def print_status(hosts: list[LabHost], check: bool = True) -> None:
         log("lab", message)
     if table:
         print(table)
+    print(monitoring_pages(hosts))
+
+
+def monitoring_pages(hosts: list[LabHost]) -> str:
+    """Where each site's status page is (its Prometheus on the apps node), with the login and the CA."""
+    lines = ["status pages (HTTPS; trust the lab's CA, " + str(pki_dir() / "ca.crt") + "):"]
+    for host in sorted((h for h in hosts if h.variables.get("apps_node")), key=lambda h: h.site):
+        password = pki_dir() / host.site / "prometheus-operator.password"
+        lines.append(f"  {host.site:<11} https://{host_ip(host)}:9090/consoles/iot-stack.html"
+                     f"  user operator, password in {password}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
