@@ -7,8 +7,9 @@ the site's hosts over the run. A node is down from the first kill, stop or die o
 container of the same service reports healthy (each stateful service has a healthcheck), so the figures
 include the time a node takes to serve again, not only its process restart.
 
-Limit: `docker events --since` answers from dockerd's last 256 events, so on a host with many containers
-the upgrade's events can be gone by the end (site-a-1 in CI); they should be streamed during the run.
+The events are streamed into a file per host while the upgrade runs: `docker events --since` answers
+from dockerd's last 256 events only, and on a host with many containers (healthcheck execs every few
+seconds) the upgrade's kills and starts were gone by its end (site-a-1 in CI, 2026-11-25).
 
 tooling/chaos.py runs it as the `rolling-upgrade` case while a device publishes
 (tests/lab/test_6_upgrade.py asserts nothing acknowledged was lost and no two nodes of a kind were down at
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from tooling import lab
 from tooling.progress import log
 
-IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto")
+IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto", "prometheus")
 STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-\d+$")
 # Not "health_status: unhealthy": a loaded node's check can time out once while it keeps serving.
 DOWN_ACTIONS = ("kill", "stop", "die")
@@ -80,15 +81,37 @@ def rebuild(stamp: str) -> dict[str, str]:
     return ids
 
 
-def events(hosts: list[lab.LabHost], site: str, since: float, until: float) -> list[dict]:
-    """Container events of the site's stack on every host of the site, oldest first."""
-    found = []
-    for host in (h for h in hosts if h.site == site):
-        out = lab.host_exec(host, "docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}",
-                            "--filter", "type=container", "--filter", f"label=com.docker.stack.namespace={site}",
-                            "--format", "{{json .}}", timeout=120).stdout
-        found += [json.loads(line) for line in out.splitlines() if line.strip()]
-    return sorted(found, key=lambda e: int(e.get("timeNano", 0)))
+class EventStream:
+    """Container events of the site's stack on every host of the site, from now until stop(): one
+    `docker events` per host, written to a file (a pipe left unread would stall it over a long run)."""
+
+    def __init__(self, hosts: list[lab.LabHost], site: str) -> None:
+        self.files = []
+        self.procs = []
+        for host in (h for h in hosts if h.site == site):
+            path = lab.lab_dir() / f"upgrade-events-{host.name}.jsonl"
+            out = path.open("w")
+            self.files.append((path, out))
+            self.procs.append(subprocess.Popen(
+                ["docker", "exec", host.container, "docker", "events", "--filter", "type=container",
+                 "--filter", f"label=com.docker.stack.namespace={site}", "--format", "{{json .}}"],
+                stdout=out, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> list[dict]:
+        """Ends the streams; every event they wrote, oldest first."""
+        time.sleep(2)                  # the last events of the run reach the files
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        found = []
+        for path, out in self.files:
+            out.close()
+            found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(found, key=lambda e: int(e.get("timeNano", 0)))
 
 
 def downtimes(found: list[dict], site: str, until: float) -> list[Downtime]:
@@ -124,12 +147,14 @@ def overlapping(downs: list[Downtime]) -> list[tuple[Downtime, Downtime]]:
 def run(hosts: list[lab.LabHost], site: str) -> Upgrade:
     """New image versions, then site.yml for the site; the stateful nodes' downtimes over the run."""
     group = next(h.group for h in hosts if h.site == site)
+    stream = EventStream(hosts, site)
     started = time.time()
-    ids = rebuild(time.strftime("%Y%m%dT%H%M%S"))
-    lab.playbook(lab.write_inventory(hosts), "--limit", group)
-    finished = time.time()
-    time.sleep(2)                      # `docker events --until` wants a moment that has passed everywhere
-    upgrade = Upgrade(site, started, finished, ids, downtimes(events(hosts, site, started, finished + 1), site,
-                                                              finished))
+    try:
+        ids = rebuild(time.strftime("%Y%m%dT%H%M%S"))
+        lab.playbook(lab.write_inventory(hosts), "--limit", group)
+    finally:
+        finished = time.time()
+        found = stream.stop()
+    upgrade = Upgrade(site, started, finished, ids, downtimes(found, site, finished))
     log("upgrade", upgrade.summary())
     return upgrade
