@@ -53,9 +53,10 @@ def stack(lab, tmp_path_factory):
                 "ADAPTER_WINDOW": "2000",
             })
     session = cassandra.session(timeout=60)
+    # A query on the table itself: system_schema can list a new table a moment before it can be used.
     wait_until("adapter created its table", lambda: session.execute(
-        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
-        (KEYSPACE, "temperature_readings")).one() is not None, timeout=240, on_timeout=lambda: lab.logs("adapter"))
+        f"SELECT sensor_id FROM {KEYSPACE}.temperature_readings LIMIT 1") is not None, timeout=240,
+        on_timeout=lambda: lab.logs("adapter"))
     yield lab, kafka, cassandra, session
     session.cluster.shutdown()
 
@@ -249,18 +250,24 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
                 "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
     session = cassandra.session(timeout=60)      # the module's session predates Cassandra's restart above
     try:
-        wait_until("the datacenter adapter created its readings table", lambda: session.execute(
-            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
-            (keyspace, "temperature_readings")).one() is not None,
-            timeout=240, on_timeout=lambda: lab.logs("dc-adapter"))
+        # Prepared once the table is usable: system_schema can list a new table a moment before a
+        # statement on it prepares ("table temperature_readings does not exist", CI 2026-11-25).
+        prepared = []
+
+        def table_usable() -> bool:
+            prepared.append(session.prepare(f"SELECT count(*) FROM {keyspace}.temperature_readings "
+                                            "WHERE site = ? AND sensor_id = ? AND day = ?"))
+            return True
+
+        wait_until("the datacenter adapter created its readings table", table_usable, timeout=240,
+                   on_timeout=lambda: lab.logs("dc-adapter"))
+        query = prepared[-1]
         records = _readings(sensors=4, count=200, start_ms=int(time.time() * 1000))
         producer = Producer({"bootstrap.servers": kafka.external})
         for record in records:
             producer.produce(mirrored, key=record["sensor_id"], value=json.dumps(record),
                              headers=[("site", "site-a"), ("ingest_ms", str(record["timestamp"] + 2))])
         assert producer.flush(60) == 0
-        query = session.prepare(f"SELECT count(*) FROM {keyspace}.temperature_readings "
-                                "WHERE site = ? AND sensor_id = ? AND day = ?")
         partitions = {(r["sensor_id"], utc_day(r["timestamp"]).date) for r in records}
 
         def stored() -> int:
