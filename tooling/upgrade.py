@@ -23,10 +23,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from tooling import lab
+from tooling import lab, stack_render
 from tooling.progress import log
 
-IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto", "prometheus")
+IMAGES = stack_render.STACK_IMAGES     # every image the stacks run
 STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-\d+$")
 # Not "health_status: unhealthy": a loaded node's check can time out once while it keeps serving.
 DOWN_ACTIONS = ("kill", "stop", "die")
