@@ -241,8 +241,17 @@ def test_prometheus_scrapes_every_jvm_and_its_status_page_shows_their_figures(la
     wait_until("every JVM scraped and up", all_up, timeout=300, interval=5,
                on_timeout=lambda: f"up: {up}\n{lab.logs('prometheus')}")
     assert {r["metric"]["site"] for r in prometheus_query(port, "up")} == {"test"}
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/consoles/iot-stack.html", timeout=30) as resp:
-        page = resp.read().decode()
+    page = ""
+
+    def relay_lag_shown() -> bool:
+        # MirrorMaker exports its lag only once its consumer has fetched: "up" comes first.
+        nonlocal page
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/consoles/iot-stack.html", timeout=30) as resp:
+            page = resp.read().decode()
+        return re.search(r'id="relay-lag">\d+\.\d<', page) is not None
+
+    wait_until("the page shows MirrorMaker's relay lag", relay_lag_shown, timeout=180, interval=5,
+               on_timeout=lambda: f"{page}\n{lab.logs('mirrormaker')}")
     figures = dict(re.findall(r'id="([a-z-]+)">([^<]*)<', page))
     assert figures["under-replicated"] == "0.0"
     assert re.fullmatch(r"\d+\.\d", figures["relay-lag"]), figures        # MirrorMaker's lag, a number
