@@ -14,6 +14,20 @@ retention_ms wins over --retention-ms). Existing topics are never altered; one
 with fewer partitions or another cleanup.policy than the spec gets a warning on
 stderr. --dry-run creates nothing (ansible-playbook --check).
 
+--internal also creates Kafka's own __consumer_offsets and __transaction_state when they are missing,
+with the same replication and min.insync.replicas, before a client makes a broker create them with
+the broker's defaults.
+
+  iot-topics reassignment --bootstrap ... --brokers 1,2,3 --replication 3
+prints (stdout, one line) the kafka-reassign-partitions plan that gives every topic, Kafka's own
+included, at least --replication replicas spread evenly over --brokers (services/tools/replica_plan.py);
+{"version": 1, "partitions": []} when nothing has to move. It moves nothing itself: the topics
+role hands the plan to kafka-reassign-partitions, which confluent-kafka cannot replace.
+
+  iot-topics min-insync --bootstrap ... --min-insync 2
+sets every topic's min.insync.replicas to --min-insync, but always below its replication factor
+(at least 1), and prints {"changed": [...], "unchanged": N}.
+
 On a site whose INTERNAL takes SCRAM logins, the tool logs in as KAFKA_USERNAME with the password
 in the file KAFKA_PASSWORD_FILE (the stack runs it as the site's admin principal, password on stdin:
 KAFKA_PASSWORD_FILE=/dev/stdin).
@@ -36,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common import kafka_auth, settings
+from services.tools.replica_plan import min_insync_for, plan_replicas
 
 PROG = "iot-topics"
 CLEANUP_POLICIES = ("delete", "compact")
@@ -45,6 +60,14 @@ TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 PROGRESS_EVERY_S = 10.0
 CREATE_ATTEMPTS = 5          # one request, plus retries of retriable errors only
 CREATE_RETRY_DELAY_S = 5.0
+# Kafka's own topics as its brokers would create them (Kafka 3.9 GroupMetadataManager.offsetsTopicConfigs,
+# TransactionStateManager.transactionTopicConfigs, with the default partition and segment sizes).
+INTERNAL_TOPICS: dict[str, tuple[int, dict[str, str]]] = {
+    "__consumer_offsets": (50, {"cleanup.policy": "compact", "compression.type": "producer",
+                                "segment.bytes": "104857600"}),
+    "__transaction_state": (50, {"cleanup.policy": "compact", "compression.type": "uncompressed",
+                                 "segment.bytes": "104857600", "unclean.leader.election.enable": "false"}),
+}
 
 
 class SpecError(ValueError):
@@ -213,6 +236,23 @@ def plan_topics(spec: list[TopicSpec], existing: dict[str, ExistingTopic], repli
     return plan
 
 
+def plan_internal_topics(present: set[str], replication: int, min_insync: int) -> list[NewTopicPlan]:
+    """Kafka's own topics that are missing, with the site's replication rather than the broker's default."""
+    return [NewTopicPlan(name, partitions, replication, {**config, "min.insync.replicas": str(min_insync)})
+            for name, (partitions, config) in INTERNAL_TOPICS.items() if name not in present]
+
+
+def parse_brokers(text: str) -> list[int]:
+    """--brokers "1,2,3" -> [1, 2, 3]; SpecError naming the flag otherwise."""
+    try:
+        brokers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        brokers = []
+    if not brokers or len(set(brokers)) != len(brokers) or min(brokers) < 0:
+        raise SpecError(f"--brokers must list distinct broker ids separated by commas, e.g. 1,2,3 (got {text!r})")
+    return brokers
+
+
 def result_line(existing: list[str], created: list[str], would_create: list[str]) -> str:
     return json.dumps({"existing": sorted(existing), "created": sorted(created),
                        "would_create": sorted(would_create)})
@@ -368,6 +408,10 @@ def ensure(args: argparse.Namespace) -> int:
     metadata = wait_for_brokers(admin, args.bootstrap, args.replication, args.wait_seconds, quiet)
     existing, warnings = read_existing(admin, metadata, [t.name for t in spec])
     plan = plan_topics(spec, existing, args.replication, args.min_insync, args.retention_ms)
+    if args.internal:
+        internal = plan_internal_topics(set(metadata.topics), args.replication, args.min_insync)
+        plan.create += internal
+        plan.existing += sorted(set(INTERNAL_TOPICS) - {t.name for t in internal})
     for warning in warnings + plan.warnings:
         _say(f"warning: {warning}")
     if args.dry_run:
@@ -382,6 +426,71 @@ def ensure(args: argparse.Namespace) -> int:
     for name in sorted(raced):
         _say(f"topic {name} was created by someone else meanwhile; left as it is")
     print(result_line(plan.existing + raced, created, []))
+    return 0
+
+
+def current_assignment(metadata) -> dict[str, dict[int, list[int]]]:
+    """Every topic's partitions and their replicas (first: preferred leader), Kafka's own included."""
+    return {name: {p: list(part.replicas) for p, part in topic.partitions.items()}
+            for name, topic in metadata.topics.items()}
+
+
+def reassignment(args: argparse.Namespace) -> int:
+    brokers = parse_brokers(args.brokers)
+    if not 1 <= args.replication <= len(brokers):
+        raise SpecError(f"--replication must be between 1 and the {len(brokers)} --brokers (got {args.replication})")
+    quiet = _LastMessage()
+    admin = admin_client(args.bootstrap, quiet, kafka_auth.internal_config())
+    metadata = wait_for_brokers(admin, args.bootstrap, len(brokers), args.wait_seconds, quiet)
+    missing = sorted(set(brokers) - set(metadata.brokers))
+    if missing:
+        raise TopicsError(f"broker(s) {missing} of --brokers are not registered at {args.bootstrap} "
+                          f"(registered: {sorted(metadata.brokers)})")
+    current = current_assignment(metadata)
+    plan = plan_replicas(current, brokers, args.replication)
+    for note in plan.notes:
+        _say(f"warning: {note}")
+    for line in plan.summary(current):
+        _say(f"plan: {line}")
+    if not plan.moves:
+        _say(f"every topic has {args.replication} replicas or more, spread over brokers {sorted(brokers)}")
+    print(plan.kafka_json())
+    return 0
+
+
+def min_insync(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    if args.min_insync < 1:
+        raise SpecError(f"--min-insync must be 1 or more (got {args.min_insync})")
+    quiet = _LastMessage()
+    admin = admin_client(args.bootstrap, quiet, kafka_auth.internal_config())
+    metadata = wait_for_brokers(admin, args.bootstrap, 1, args.wait_seconds, quiet)
+    wanted = {name: str(min_insync_for(min(len(p.replicas) for p in topic.partitions.values()), args.min_insync))
+              for name, topic in metadata.topics.items() if topic.partitions}
+    current: dict[str, str | None] = {}
+    for resource, future in admin.describe_configs(
+            [ConfigResource(ResourceType.TOPIC, name) for name in sorted(wanted)], request_timeout=60).items():
+        entry = future.result().get("min.insync.replicas")
+        current[resource.name] = entry.value if entry is not None else None
+    changes = sorted(name for name in wanted if current.get(name) != wanted[name])
+    if changes:
+        futures = admin.incremental_alter_configs([
+            ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
+                ConfigEntry("min.insync.replicas", wanted[name],
+                            incremental_operation=AlterConfigOpType.SET)]) for name in changes],
+            request_timeout=60)
+        failures = []
+        for resource, future in futures.items():
+            try:
+                future.result()
+                _say(f"{resource.name}: min.insync.replicas {current.get(resource.name)} -> {wanted[resource.name]}")
+            except KafkaException as err:
+                failures.append(f"could not set min.insync.replicas of {resource.name}: {err.args[0]}")
+        if failures:
+            raise TopicsError("\n".join(failures))
+    print(json.dumps({"changed": changes, "unchanged": len(wanted) - len(changes)}))
     return 0
 
 
@@ -405,24 +514,50 @@ OPTIONS: tuple[settings.Option, ...] = (
 )
 
 
+_BOOTSTRAP, _SPEC, _REPLICATION, _MIN_INSYNC, _RETENTION, _WAIT = OPTIONS
+REASSIGNMENT_OPTIONS: tuple[settings.Option, ...] = (
+    _BOOTSTRAP,
+    settings.Option("brokers", "TOPICS_BROKERS", None, "the site's broker ids, e.g. 1,2,3", required=True),
+    settings.Option("replication", "TOPICS_REPLICATION", 1, "replication factor every topic gets at least", int),
+    settings.Option("wait_seconds", "TOPICS_WAIT_SECONDS", 600.0,
+                    "how long to wait for every broker of --brokers to register", float),
+)
+MIN_INSYNC_OPTIONS: tuple[settings.Option, ...] = (
+    _BOOTSTRAP,
+    settings.Option("min_insync", "TOPICS_MIN_INSYNC", 1,
+                    "min.insync.replicas of every topic (always below its replication factor, at least 1)", int),
+    _WAIT,
+)
+COMMANDS = {
+    "ensure": (OPTIONS, ensure, "create the spec's missing topics, leave existing ones alone"),
+    "reassignment": (REASSIGNMENT_OPTIONS, reassignment,
+                     "print the kafka-reassign-partitions plan that spreads every topic over the brokers"),
+    "min-insync": (MIN_INSYNC_OPTIONS, min_insync, "set every topic's min.insync.replicas"),
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("ensure", help="create the spec's missing topics, leave existing ones alone",
-                       epilog=settings.epilog(OPTIONS), formatter_class=argparse.RawDescriptionHelpFormatter)
-    settings.add_options(e, OPTIONS)
-    e.add_argument("--dry-run", action="store_true", help="print what would be created, create nothing")
+    parsers = {}
+    for name, (options, _, help_text) in COMMANDS.items():
+        parsers[name] = sub.add_parser(name, help=help_text, epilog=settings.epilog(options),
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        settings.add_options(parsers[name], options)
+    parsers["ensure"].add_argument("--dry-run", action="store_true", help="print what would be created, create nothing")
+    parsers["ensure"].add_argument("--internal", action="store_true",
+                                   help="also create __consumer_offsets and __transaction_state when missing")
     args = p.parse_args(argv)
     try:
-        return settings.apply(e, OPTIONS, args)
+        return settings.apply(parsers[args.command], COMMANDS[args.command][0], args)
     except settings.SettingsError as err:   # a bad variable: a usage error too (exit 2)
-        e.error(str(err))
+        parsers[args.command].error(str(err))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        return ensure(args)
+        return COMMANDS[args.command][1](args)
     except (SpecError, settings.SettingsError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
