@@ -47,8 +47,8 @@ YAML_FILES = [*ROLE_DEFAULTS, *sorted((INVENTORY / "group_vars").rglob("*.yml"))
 TOPIC_VARIABLES = {"topics_edge", "topics_datacenter", "stack_relay_topics", "stack_bridge_rules",
                    "stack_adapter_tables", "stack_mqtt_device_acl", "stack_mqtt_acl"}
 # Variables whose name mentions topics or MQTT but which hold no topic name (numbers are never suspect).
-NOT_TOPIC_NAMES = {"topics_network", "topics_image", "topics_kafka_login", "stack_mqtt_users", "stack_mqtt_devices",
-                   "stack_bridge_mqtt_user"}
+NOT_TOPIC_NAMES = {"topics_network", "topics_image", "topics_kafka_image", "topics_kafka_login", "stack_mqtt_users",
+                   "stack_mqtt_devices", "stack_bridge_mqtt_user"}
 
 
 def rel(path: Path) -> str:

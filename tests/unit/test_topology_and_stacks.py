@@ -121,7 +121,6 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
             assert f"{role}-{n}-data" in stack["volumes"]
     kafka = services["kafka-2"]["environment"]
     assert kafka["KAFKA_ADVERTISED_LISTENERS"] == "INTERNAL://kafka-2:9092,EXTERNAL://10.20.0.12:9094"
-    assert kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3" and kafka["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
 
 
 def test_bridge_gets_a_stable_client_id_per_replica(example):
@@ -144,11 +143,16 @@ def test_config_and_secret_names_carry_a_content_hash(example):
     assert len(stack["secrets"]["mosquitto_passwd"]["name"].rsplit("_", 1)[1]) == 12
 
 
-def test_single_node_site_renders_with_replication_one():
-    stack = render("edge", filters.site_topology({"n1": {**SMALL_SITE["n1"], "ansible_host": "172.20.0.5"}}, ["n1"],
-                                                 "site-b"))
-    kafka = stack["services"]["kafka-1"]["environment"]
-    assert kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "1" and kafka["KAFKA_MIN_INSYNC_REPLICAS"] == "1"
+def test_adding_a_broker_leaves_the_other_brokers_spec_alone():
+    """Replication is per topic (topics role), so a second broker must not change kafka-1 (a restart)."""
+    one = {"n1": {**SMALL_SITE["n1"], "ansible_host": "172.20.0.5"}}
+    two = {**one, "n2": {"swarm_role": "worker", "kafka_id": 2, "ansible_host": "172.20.0.6"}}
+    before = render("edge", filters.site_topology(one, ["n1"], "site-b"))["services"]
+    after = render("edge", filters.site_topology(two, ["n1", "n2"], "site-b"))["services"]
+    assert "kafka-2" in after and "kafka-2" not in before
+    assert after["kafka-1"] == before["kafka-1"]
+    assert after["zookeeper-1"] == before["zookeeper-1"] and after["cassandra-1"] == before["cassandra-1"]
+    assert not {"KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_MIN_INSYNC_REPLICAS"} & set(after["kafka-1"]["environment"])
 
 
 def test_unconverged_lists_services_missing_replicas():
