@@ -9,6 +9,8 @@ starts simulated devices at every site and prints a status table.
   scripts/lab status             the status table again (ansible/status.yml against the lab)
   scripts/lab add-site site-c    one more edge site: a host, an inventory group,
                                  site.yml limited to the datacenter and the new site
+  scripts/lab add-broker site-b  one more node with a Kafka broker at a site: site.yml limited to the
+                                 datacenter and that site; replicas move onto it, no broker restarts
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose           services per site; tasks and logs of those not fully running
   scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
@@ -94,6 +96,16 @@ DEFAULT_HOSTS = (
 def new_site_host(site: str) -> LabHost:
     group = site.replace("-", "_")
     return LabHost(f"{site}-1", group, _all_roles(mqtt_node=True))
+
+
+def new_broker_host(site: str, hosts: list[LabHost]) -> LabHost:
+    """One more node for `site` that runs only a Kafka broker, with the site's next kafka_id."""
+    mine = [h for h in hosts if h.site == site]
+    if not mine:
+        raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted({h.site for h in hosts}))}")
+    kafka_ids = [int(h.variables["kafka_id"]) for h in mine if "kafka_id" in h.variables]
+    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker",
+                                                              "kafka_id": max(kafka_ids, default=0) + 1})
 
 
 # ---------------------------------------------------------------- plumbing
@@ -564,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     add_p = sub.add_parser("add-site", help="add an edge site and deploy it (plus the datacenter's relay)")
     add_p.add_argument("site", help="site alias, e.g. site-c")
     add_p.add_argument("--rate", type=float, default=20.0)
+    broker_p = sub.add_parser("add-broker", help="add a node with one more Kafka broker to a site and deploy it")
+    broker_p.add_argument("site", help="site alias, e.g. site-b")
     sub.add_parser("status", help="print the status table")
     sub.add_parser("diagnose", help="every site's services; tasks and last log lines of those not running")
     sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
@@ -605,6 +619,16 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
         register_and_start_devices(hosts, args.rate, sites=[args.site])
         log("lab", f"site {args.site} added in {time.monotonic() - started:.0f}s")
+        print_status(hosts, check=False)
+    elif args.command == "add-broker":
+        host = new_broker_host(args.site, hosts)
+        started = time.monotonic()
+        create_hosts([host])
+        hosts = existing_hosts()
+        # The datacenter too: its relay's bootstrap list names every broker of the site.
+        playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
+        log("lab", f"broker {host.variables['kafka_id']} added to {args.site} on {host.name} "
+                   f"in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
     elif args.command == "playbook":
         playbook(write_inventory(hosts), *extra)

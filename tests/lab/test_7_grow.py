@@ -1,0 +1,86 @@
+"""Growing a site: a second Kafka broker joins site-b with one inventory line and one playbook run
+(`scripts/lab add-broker site-b`) while a device publishes. Every partition, Kafka's own included,
+gets a replica on it; the running broker, ZooKeeper and Cassandra are not restarted; nothing is lost.
+Not in the smoke: a new host, its images and the deploy take 8-12 minutes here."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from tests.lab.conftest import run_lab
+from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
+from tests.lab.test_4_add_site import service_versions
+from tooling import lab
+
+SITE = "site-b"
+BATCH = 100           # readings per batch; one batch every BATCH_EVERY_S while the broker joins
+BATCH_EVERY_S = 20
+STATEFUL = ("kafka-1", "zookeeper-1", "cassandra-1", "mosquitto")
+
+
+def running_tasks(host: lab.LabHost, services: tuple[str, ...]) -> dict[str, str]:
+    """The task id running each service now: a restart, with or without a spec change, gives a new one."""
+    out = {}
+    for name in services:
+        ids = lab.host_exec(host, "docker", "service", "ps", f"{SITE}_{name}", "--filter", "desired-state=running",
+                            "--format", "{{.ID}}").stdout.split()
+        out[name] = ",".join(sorted(ids))
+    return out
+
+
+@pytest.mark.timeout(2700)
+def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(lab_hosts, capsys):
+    manager = lab.site_managers(lab_hosts)[SITE]
+    versions_before = service_versions(manager, SITE)
+    tasks_before = running_tasks(manager, STATEFUL)
+
+    sensors: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def device() -> None:
+        while not stop.is_set():
+            sensor = f"grow-{RUN}-{len(sensors)}"
+            sensors.append((sensor, publish(manager, SITE, sensor, [21.0] * BATCH)))
+            stop.wait(BATCH_EVERY_S)
+
+    publisher = threading.Thread(target=device, daemon=True)
+    publisher.start()
+    started = time.monotonic()
+    try:
+        run_lab("add-broker", SITE)
+    finally:
+        stop.set()
+        publisher.join(timeout=300)
+    with capsys.disabled():
+        print(f"\nadding broker 2 to {SITE} (new host, site.yml --limit datacenter,site_b) took "
+              f"{time.monotonic() - started:.0f}s; {len(sensors)} batches of {BATCH} published meanwhile")
+
+    manager = lab.site_managers(lab.existing_hosts())[SITE]
+    versions_after = service_versions(manager, SITE)
+    assert f"{SITE}_kafka-2" in versions_after
+    assert {n: versions_after[f"{SITE}_{n}"] for n in STATEFUL} == {n: versions_before[f"{SITE}_{n}"] for n in STATEFUL}
+    assert running_tasks(manager, STATEFUL) == tasks_before, "a running stateful service was restarted"
+
+    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(manager)}:9094"))
+    topics = admin.list_topics(timeout=30).topics
+    assert {"__consumer_offsets", "__transaction_state", "temperature-data"} <= set(topics)
+    spread = {(name, p): (sorted(part.replicas), sorted(part.isrs))
+              for name, topic in topics.items() for p, part in topic.partitions.items()}
+    assert all(v == ([1, 2], [1, 2]) for v in spread.values()), \
+        {k: v for k, v in spread.items() if v != ([1, 2], [1, 2])}
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
+    assert future.result(timeout=60)["min.insync.replicas"].value == "1"
+
+    for sensor, start_ms in sensors:
+        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
+
+        def counted(sensor=sensor, day=day):
+            out = rows(manager, SITE, "SELECT count(*) FROM iot.temperature_readings "
+                                      f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
+            return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= BATCH else None
+
+        assert wait_for(f"{BATCH} rows of {sensor} in {SITE}'s Cassandra", counted, timeout=600) == BATCH
