@@ -11,6 +11,9 @@ starts simulated devices at every site and prints a status table.
                                  site.yml limited to the datacenter and the new site
   scripts/lab add-broker site-b  one more node with a Kafka broker at a site: site.yml limited to the
                                  datacenter and that site; replicas move onto it, no broker restarts
+  scripts/lab remove-site site-b [--purge]
+                                 the site out of the inventory, ansible/remove_site.yml on the
+                                 datacenter (relayed data kept, or purged), its hosts removed
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose           services per site; tasks and logs of those not fully running
   scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
@@ -430,12 +433,13 @@ topics_retention_ms: 86400000
 """
 
 
-def playbook(inventory: Path, *extra: str) -> float:
-    """Run site.yml against the lab, showing each task as it starts; returns seconds taken."""
+def playbook(inventory: Path, *extra: str, name: str = "site.yml") -> float:
+    """Run a playbook (site.yml unless `name` says otherwise) against the lab, showing each task as it
+    starts; returns seconds taken."""
     logfile = lab_dir() / "ansible.log"
     env = dict(os.environ, ANSIBLE_CONFIG=str(pins.REPO_ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOG_PATH=str(logfile), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    cmd = ["ansible-playbook", "-i", str(inventory), str(pins.REPO_ROOT / "ansible" / "site.yml"), *extra]
+    cmd = ["ansible-playbook", "-i", str(inventory), str(pins.REPO_ROOT / "ansible" / name), *extra]
     log("lab", f"running {' '.join(cmd[:4])} {' '.join(extra)} (full log: {logfile})")
     started = time.monotonic()
     last = started
@@ -454,8 +458,8 @@ def playbook(inventory: Path, *extra: str) -> float:
     code = proc.wait()
     elapsed = time.monotonic() - started
     if code != 0:
-        raise SystemExit("lab: site.yml failed after {:.0f}s; last lines:\n{}".format(elapsed, "\n".join(tail)))
-    log("lab", f"site.yml finished in {elapsed:.0f}s")
+        raise SystemExit("lab: {} failed after {:.0f}s; last lines:\n{}".format(name, elapsed, "\n".join(tail)))
+    log("lab", f"{name} finished in {elapsed:.0f}s")
     return elapsed
 
 
@@ -552,6 +556,28 @@ def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
     return "\n".join(out)
 
 
+def remove_site(hosts: list[LabHost], site: str, purge: bool) -> None:
+    """What an operator does to remove a site: its group out of the inventory, ansible/remove_site.yml on
+    the datacenter; then its hosts go (in the lab: their containers, volumes and devices). Run again with
+    `purge` once the hosts are gone to delete what the datacenter kept."""
+    if site == "datacenter":
+        raise SystemExit("lab: the datacenter is not an edge site")
+    gone = [h for h in hosts if h.site == site]
+    if not gone and not purge:
+        raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted({h.site for h in hosts}))}")
+    started = time.monotonic()
+    remaining = [h for h in hosts if h.site != site]
+    playbook(write_inventory(remaining), "--limit", "datacenter", "-e", f"remove_site={site}",
+             "-e", f"remove_site_data={'purge' if purge else 'keep'}", name="remove_site.yml")
+    run("docker", "rm", "-f", f"iot-lab-devices-{site}", check=False)
+    for host in gone:
+        log("lab", f"removing host {host.name}")
+        run("docker", "rm", "-f", host.container)
+        run("docker", "volume", "rm", "-f", f"{host.container}-docker", check=False)
+    log("lab", f"site {site} removed ({'data purged' if purge else 'data kept'} at the datacenter) "
+               f"in {time.monotonic() - started:.0f}s")
+
+
 def down() -> None:
     containers = run("docker", "ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
     volumes = [v for c in existing_hosts() for v in [f"{c.container}-docker"]]
@@ -578,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     add_p.add_argument("--rate", type=float, default=20.0)
     broker_p = sub.add_parser("add-broker", help="add a node with one more Kafka broker to a site and deploy it")
     broker_p.add_argument("site", help="site alias, e.g. site-b")
+    remove_p = sub.add_parser("remove-site", help="remove an edge site: its hosts, and at the datacenter its relay "
+                                                  "flow; its relayed data kept unless --purge")
+    remove_p.add_argument("site", help="site alias, e.g. site-b")
+    remove_p.add_argument("--purge", action="store_true", help="delete the site's topics and rows at the datacenter")
     sub.add_parser("status", help="print the status table")
     sub.add_parser("diagnose", help="every site's services; tasks and last log lines of those not running")
     sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
@@ -630,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         log("lab", f"broker {host.variables['kafka_id']} added to {args.site} on {host.name} "
                    f"in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
+    elif args.command == "remove-site":
+        remove_site(hosts, args.site, args.purge)
     elif args.command == "playbook":
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":

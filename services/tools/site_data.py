@@ -6,8 +6,8 @@
 
 What belongs to a site at the datacenter:
 - Kafka: the topics MirrorMaker made for it, named "<site>.<topic>" (DefaultReplicationPolicy: the
-  relayed topics, "<site>.checkpoints.internal", "<site>.heartbeats"), and its flow's Connect state,
-  "mm2-{configs,offsets,status}.<site>.internal".
+  relayed topics, "<site>.checkpoints.internal", "<site>.heartbeats"), and its flow's own state,
+  "mm2-{configs,offsets,status,offset-syncs}.<site>.internal".
 - Cassandra: the rows of --tables whose partition key holds site = <site>. Every table the adapter
   writes has `site` in its partition key (services/adapter/schema.py), so a purge deletes whole
   partitions: one DELETE per (site, ...) key, found with SELECT DISTINCT over the partition keys.
@@ -36,7 +36,9 @@ from services.common import kafka_auth, settings
 PROG = "iot-site-data"
 SITE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")     # a site alias (preflight checks the inventory's)
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")   # a CQL keyspace or table name
-CONNECT_STATE = ("configs", "offsets", "status")
+# A flow's own topics at the datacenter: MM2's Connect state and, as offset-syncs.topic.location=target,
+# its offset syncs (mm2.properties.j2).
+FLOW_STATE = ("configs", "offsets", "status", "offset-syncs")
 
 
 class UsageError(ValueError):
@@ -52,7 +54,7 @@ class DataError(RuntimeError):
 
 def site_topics(site: str, topics: Iterable[str]) -> list[str]:
     """The datacenter topics that belong to `site` alone."""
-    state = {f"mm2-{kind}.{site}.internal" for kind in CONNECT_STATE}
+    state = {f"mm2-{kind}.{site}.internal" for kind in FLOW_STATE}
     return sorted(t for t in topics if t.startswith(f"{site}.") or t in state)
 
 

@@ -11,10 +11,12 @@ from services.tools import site_data as sd
 def test_the_sites_topics_are_its_mirrors_and_its_flows_connect_state():
     topics = ["site-c.temperature-data", "site-c.checkpoints.internal", "site-c.heartbeats", "heartbeats",
               "mm2-offsets.site-c.internal", "mm2-status.site-c.internal", "mm2-configs.site-c.internal",
+              "mm2-offset-syncs.site-c.internal",
               "site-cc.temperature-data", "site-a.temperature-data", "mm2-offsets.site-a.internal",
               "notifications", "site-c"]
     assert sd.site_topics("site-c", topics) == [
-        "mm2-configs.site-c.internal", "mm2-offsets.site-c.internal", "mm2-status.site-c.internal",
+        "mm2-configs.site-c.internal", "mm2-offset-syncs.site-c.internal", "mm2-offsets.site-c.internal",
+        "mm2-status.site-c.internal",
         "site-c.checkpoints.internal", "site-c.heartbeats", "site-c.temperature-data"]
 
 
