@@ -1,7 +1,10 @@
-"""Growing a site: a second Kafka broker joins site-b with one inventory line and one playbook run
-(`scripts/lab add-broker site-b`) while a device publishes. Every partition, Kafka's own included,
-gets a replica on it; the running broker, ZooKeeper and Cassandra are not restarted; nothing is lost.
-Not in the smoke: a new host, its images and the deploy take 8-12 minutes here."""
+"""Growing a site: a third Kafka broker joins site-a with one inventory line and one playbook run
+(`scripts/lab add-broker site-a`) while a device publishes. Every partition, Kafka's own included,
+gets a replica on it (replication 2 -> 3, min.insync.replicas 1 -> 2); the running brokers, ZooKeeper,
+Cassandra and Mosquitto are not restarted; nothing is lost. site-a because it has two nodes already:
+a one-node site that gets a second node also moves from streamed images to its own registry, which
+changes every service's image reference once (docs/operations.md, "Adding a Kafka broker to a site").
+Not in the smoke: a new host, its images and the deploy take 8-16 minutes here."""
 from __future__ import annotations
 
 import threading
@@ -16,10 +19,11 @@ from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
 from tests.lab.test_4_add_site import service_versions
 from tooling import lab
 
-SITE = "site-b"
+SITE = "site-a"
 BATCH = 100           # readings per batch; one batch every BATCH_EVERY_S while the broker joins
 BATCH_EVERY_S = 20
-STATEFUL = ("kafka-1", "zookeeper-1", "cassandra-1", "mosquitto")
+STATEFUL = ("kafka-1", "kafka-2", "zookeeper-1", "cassandra-1", "mosquitto")
+BROKERS = [1, 2, 3]
 
 
 def running_tasks(host: lab.LabHost, services: tuple[str, ...]) -> dict[str, str]:
@@ -56,12 +60,12 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
         stop.set()
         publisher.join(timeout=300)
     with capsys.disabled():
-        print(f"\nadding broker 2 to {SITE} (new host, site.yml --limit datacenter,site_b) took "
+        print(f"\nadding broker 3 to {SITE} (new host, site.yml --limit datacenter,site_a) took "
               f"{time.monotonic() - started:.0f}s; {len(sensors)} batches of {BATCH} published meanwhile")
 
     manager = lab.site_managers(lab.existing_hosts())[SITE]
     versions_after = service_versions(manager, SITE)
-    assert f"{SITE}_kafka-2" in versions_after
+    assert f"{SITE}_kafka-3" in versions_after
     assert {n: versions_after[f"{SITE}_{n}"] for n in STATEFUL} == {n: versions_before[f"{SITE}_{n}"] for n in STATEFUL}
     assert running_tasks(manager, STATEFUL) == tasks_before, "a running stateful service was restarted"
 
@@ -70,10 +74,10 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
     assert {"__consumer_offsets", "__transaction_state", "temperature-data"} <= set(topics)
     spread = {(name, p): (sorted(part.replicas), sorted(part.isrs))
               for name, topic in topics.items() for p, part in topic.partitions.items()}
-    assert all(v == ([1, 2], [1, 2]) for v in spread.values()), \
-        {k: v for k, v in spread.items() if v != ([1, 2], [1, 2])}
+    assert all(v == (BROKERS, BROKERS) for v in spread.values()), \
+        {k: v for k, v in spread.items() if v != (BROKERS, BROKERS)}
     (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
-    assert future.result(timeout=60)["min.insync.replicas"].value == "1"
+    assert future.result(timeout=60)["min.insync.replicas"].value == "2"
 
     for sensor, start_ms in sensors:
         day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
