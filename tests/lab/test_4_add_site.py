@@ -49,7 +49,7 @@ def test_new_site_reaches_the_datacenter_without_touching_other_sites(lab_hosts,
         dc, "datacenter", "SELECT site, sensor_id FROM iot.temperature_threshold_events "
                           f"WHERE sensor_id='{sensor}' ALLOW FILTERING;"), timeout=900)
     assert {r[0] for r in found} == {NEW_SITE}
-    mm2 = lab.host_exec(dc, "cat", "/opt/iot-stack/datacenter/configs/mm2_properties").stdout
+    mm2 = lab.host_exec(dc, "cat", "/opt/iot-stack/datacenter/secrets/mm2_properties").stdout
     assert f"{NEW_SITE}->datacenter.enabled = true" in mm2
     assert json.dumps(sorted({"site-a", "site-b", NEW_SITE})) == json.dumps(
         sorted(re.findall(r"^(site-[a-z])->datacenter\.enabled = true$", mm2, re.M)))

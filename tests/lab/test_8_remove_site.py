@@ -27,7 +27,7 @@ def devices_at_datacenter(dc: lab.LabHost, site: str) -> int:
 
 
 def flows(dc: lab.LabHost) -> list[str]:
-    mm2 = lab.host_exec(dc, "cat", "/opt/iot-stack/datacenter/configs/mm2_properties").stdout
+    mm2 = lab.host_exec(dc, "cat", "/opt/iot-stack/datacenter/secrets/mm2_properties").stdout
     return sorted(re.findall(r"^(\S+)->datacenter\.enabled = true$", mm2, re.M))
 
 
