@@ -2,9 +2,8 @@
 (`scripts/lab add-broker site-a`) while a device publishes. Every partition, Kafka's own included, is
 spread over the brokers with min(brokers, 3) replicas all in sync (from two brokers to three:
 replication 2 -> 3, min.insync.replicas 1 -> 2); the running brokers, ZooKeeper, Cassandra and
-Mosquitto keep their tasks; nothing is lost. site-a because it has two nodes already: a one-node site
-that gets a second node also moves from streamed images to its own registry, which changes every
-service's image reference once (docs/operations.md, "Adding a Kafka broker to a site").
+Mosquitto keep their tasks; nothing is lost. Run again on the same lab, it adds one more broker each
+time (replication then stays 3 and partitions move over to the new broker).
 Not in the smoke: a new host, its images and the deploy take 8-16 minutes here."""
 from __future__ import annotations
 
