@@ -472,7 +472,12 @@ def min_insync(args: argparse.Namespace) -> int:
     current: dict[str, str | None] = {}
     for resource, future in admin.describe_configs(
             [ConfigResource(ResourceType.TOPIC, name) for name in sorted(wanted)], request_timeout=60).items():
-        entry = future.result().get("min.insync.replicas")
+        try:
+            entry = future.result().get("min.insync.replicas")
+        except KafkaException as err:   # e.g. a topic deleted since the metadata was read
+            _say(f"warning: could not read the configs of topic {resource.name}: {err.args[0]}; left as it is")
+            del wanted[resource.name]
+            continue
         current[resource.name] = entry.value if entry is not None else None
     changes = sorted(name for name in wanted if current.get(name) != wanted[name])
     if changes:
