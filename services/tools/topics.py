@@ -519,7 +519,7 @@ OPTIONS: tuple[settings.Option, ...] = (
 )
 
 
-_BOOTSTRAP, _SPEC, _REPLICATION, _MIN_INSYNC, _RETENTION, _WAIT = OPTIONS
+_BOOTSTRAP, _WAIT = OPTIONS[0], OPTIONS[-1]     # shared with the other commands
 REASSIGNMENT_OPTIONS: tuple[settings.Option, ...] = (
     _BOOTSTRAP,
     settings.Option("brokers", "TOPICS_BROKERS", None, "the site's broker ids, e.g. 1,2,3", required=True),
