@@ -34,6 +34,8 @@ except ImportError:  # unit tests without Ansible
 
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
 ROLES = ("zookeeper", "kafka", "cassandra")
+CASSANDRA_SEEDS = 3           # the usual count: one lost seed or two do not stop a node from starting
+CASSANDRA_REPLICAS = 3        # replicas of the keyspaces, capped at the nodes (compose/_common.j2)
 
 
 def _fail(message: str) -> None:
@@ -113,7 +115,10 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "mqtt_address": _address(hostvars, mqtt_node) if mqtt_node else None,
         "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
         "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
-        "cassandra_seeds": ",".join(f"cassandra-{c['id']}" for c in topology["cassandra"][:3]),
+        # Ids run 1..n, so the first three nodes are always these names, whether or not the site has
+        # them yet: adding a node changes no node's seed list (Cassandra skips a seed it cannot resolve,
+        # and a new node takes itself off the list to bootstrap; images/cassandra/bin/cassandra-entrypoint).
+        "cassandra_seeds": ",".join(f"cassandra-{i}" for i in range(1, CASSANDRA_SEEDS + 1)),
     })
     return topology
 
@@ -480,6 +485,22 @@ def unconverged(lines: list[str]) -> list[str]:
     return pending
 
 
+def replication_short(lines: list[str], dc: str, nodes: int, keyspaces: list[str]) -> list[str]:
+    """Keyspaces of `keyspaces` with fewer than min(nodes, 3) replicas in `dc`, from cqlsh's output of
+    `SELECT JSON keyspace_name, replication FROM system_schema.keyspaces` (one JSON row per line).
+    A keyspace not in the output does not exist yet and is not short; more replicas are not short
+    either (replication is only ever raised; cassandra-auth-setup)."""
+    wanted = min(nodes, CASSANDRA_REPLICAS)
+    found: dict[str, int] = {}
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        found[row["keyspace_name"]] = int(row["replication"].get(dc, 0))
+    return [k for k in keyspaces if k in found and found[k] < wanted]
+
+
 def updating(lines: list[str]) -> list[str]:
     """Services whose rolling update (or rollback) is not finished, from
     `docker service inspect --format '{{.Spec.Name}} {{.UpdateStatus.State}}'` lines."""
@@ -746,7 +767,8 @@ class FilterModule:
                 "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
                 "registry_htpasswd": registry_htpasswd, "bcrypt_hash": bcrypt_hash,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
-                "updating": updating, "rolled_back": rolled_back, "from_toml": from_toml,
+                "updating": updating, "replication_short": replication_short, "rolled_back": rolled_back,
+                "from_toml": from_toml,
                 "secret_refusals": secret_refusals,
                 "scram_jaas_config": scram_jaas_config, "relay_acls": relay_acls,
                 "service_acls": service_acls, "spark_job_refusals": spark_job_refusals,

@@ -148,7 +148,7 @@ def auth_port(lab, tmp_path_factory) -> int:
         env={
             "CASSANDRA_AUTHENTICATOR": "PasswordAuthenticator",
             "CASSANDRA_PASSWORD_FILE": "/run/secrets/cassandra_password",
-            "CASSANDRA_AUTH_REPLICATION": f"{AUTH_DC}:1",
+            "CASSANDRA_REPLICATION": f"{AUTH_DC}:3",   # capped at its one node
             "CASSANDRA_ADAPTER_ROLE": ADAPTER_ROLE,
             "CASSANDRA_ADAPTER_PASSWORD_FILE": "/run/secrets/cassandra_adapter_password",
             "CASSANDRA_DC": AUTH_DC,

@@ -161,6 +161,27 @@ def test_unconverged_lists_services_missing_replicas():
     assert filters.unconverged(lines) == ["site-a_bridge"]
 
 
+# cqlsh's output of SELECT JSON keyspace_name, replication FROM system_schema.keyspaces ...
+CQLSH_JSON = [
+    "", " [json]", "------------------------------------------------------------------",
+    ' {"keyspace_name": "system_auth", "replication": {"class": "org.apache.cassandra.locator.'
+    'NetworkTopologyStrategy", "site-a": "2"}}',
+    ' {"keyspace_name": "iot", "replication": {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy", '
+    '"site-a": "1"}}', "", "(2 rows)",
+]
+
+
+@pytest.mark.parametrize("nodes, short", [(1, []), (2, ["iot"]), (3, ["system_auth", "iot"]),
+                                          (5, ["system_auth", "iot"])])
+def test_replication_short_names_keyspaces_below_min_nodes_3(nodes, short):
+    assert filters.replication_short(CQLSH_JSON, "site-a", nodes, ["system_auth", "iot"]) == short
+
+
+def test_replication_short_skips_a_keyspace_not_created_yet():
+    assert filters.replication_short(CQLSH_JSON[:4], "site-a", 2, ["system_auth", "iot"]) == []
+    assert filters.replication_short(CQLSH_JSON, "other-dc", 1, ["system_auth"]) == ["system_auth"]
+
+
 def test_local_spark_mode_runs_jobs_without_master_or_worker():
     from tooling.stack_render import stack_settings
     settings = stack_settings()

@@ -1,0 +1,137 @@
+"""A second Cassandra node joins a running one and holds every row: the cassandra image's
+part of adding a node to a site (docs/operations.md, "Adding a Cassandra node").
+
+Both nodes get the settings the stacks give them whatever the node count: the seeds
+cassandra-1,cassandra-2,cassandra-3 (only some exist) and CASSANDRA_REPLICATION site-a:3.
+cassandra-2 starts without data while cassandra-1 runs, so its entrypoint takes it off
+the seed list and it bootstraps; its cassandra-auth-setup then raises system_auth and the
+adapter's keyspace from 1 to 2 replicas (the nodes it sees) and repairs both. The proof
+that the rows written before the join are on the new node: with cassandra-1 out of
+gossip and CQL, every row and the adapter's login are served by cassandra-2 alone.
+"""
+from __future__ import annotations
+
+import pytest
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.policies import WhiteListRoundRobinPolicy
+from cassandra.query import BatchStatement
+
+from tooling.testbed.docker_lab import free_port, wait_until
+
+DC = "site-a"
+SUPERUSER_PASSWORD = "join-superuser-secret"
+ADAPTER_ROLE = "iot_adapter"
+ADAPTER_PASSWORD = "join-adapter-secret"
+ROWS = 2000
+
+
+def _start(lab, secrets, name: str, fast: bool) -> int:
+    port = free_port()
+    lab.run("cassandra", name, env={
+        "CASSANDRA_CLUSTER_NAME": "join",
+        "CASSANDRA_SEEDS": "cassandra-1,cassandra-2,cassandra-3",      # as the stacks render it
+        "CASSANDRA_DC": DC,
+        "CASSANDRA_RACK": f"rack-{name[-1]}",
+        "CASSANDRA_HEAP": "512M",
+        "CASSANDRA_AUTHENTICATOR": "PasswordAuthenticator",
+        "CASSANDRA_PASSWORD_FILE": "/run/secrets/cassandra_password",
+        "CASSANDRA_REPLICATION": f"{DC}:3",
+        "CASSANDRA_ADAPTER_ROLE": ADAPTER_ROLE,
+        "CASSANDRA_ADAPTER_PASSWORD_FILE": "/run/secrets/cassandra_adapter_password",
+        "CASSANDRA_FAST_START": "1" if fast else "0",
+    }, ports={port: 9042}, volumes={str(secrets): "/run/secrets:ro"}, memory="1536m")
+    return port
+
+
+def _session(port: int, user: str, password: str, consistency=ConsistencyLevel.LOCAL_ONE):
+    """A session that only ever talks to the node published on `port` as its coordinator."""
+    profile = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy(["127.0.0.1"]),
+                               consistency_level=consistency, request_timeout=30)
+    cluster = Cluster(["127.0.0.1"], port=port, protocol_version=5, connect_timeout=10,
+                      auth_provider=PlainTextAuthProvider(user, password),
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    return cluster, cluster.connect()
+
+
+def _logs_say(lab, name: str, text: str) -> bool:
+    return text in lab.logs(name, tail=2000)
+
+
+@pytest.fixture(scope="module")
+def joined(lab, tmp_path_factory):
+    secrets = tmp_path_factory.mktemp("secrets")
+    secrets.chmod(0o755)
+    for name, value in (("cassandra_password", SUPERUSER_PASSWORD), ("cassandra_adapter_password", ADAPTER_PASSWORD)):
+        (secrets / name).write_text(value + "\n")
+        (secrets / name).chmod(0o644)  # readable by the container's uid 1000
+    first = _start(lab, secrets, "cassandra-1", fast=True)
+    wait_until("cassandra-1's adapter role", lambda: _logs_say(lab, "cassandra-1", "changed: GRANT CREATE"),
+               timeout=300, interval=3, on_timeout=lambda: lab.logs("cassandra-1"))
+
+    def adapter_writes() -> bool:
+        cluster, session = _session(first, ADAPTER_ROLE, ADAPTER_PASSWORD)
+        try:
+            # What the adapter does at start: its keyspace with the replication of a one-node site.
+            session.execute(f"CREATE KEYSPACE IF NOT EXISTS iot WITH replication = "
+                            f"{{'class': 'NetworkTopologyStrategy', '{DC}': 1}}")
+            session.execute("CREATE TABLE IF NOT EXISTS iot.readings (sensor text, seq int, value double, "
+                            "PRIMARY KEY (sensor, seq))")
+            insert = session.prepare("INSERT INTO iot.readings (sensor, seq, value) VALUES (?, ?, ?)")
+            for sensor in range(ROWS // 100):
+                batch = BatchStatement()
+                for seq in range(100):
+                    batch.add(insert, (f"sensor-{sensor}", seq, float(seq)))
+                session.execute(batch)
+        finally:
+            cluster.shutdown()
+        return True
+
+    wait_until("the adapter's role writes", adapter_writes, timeout=120, interval=3)
+    second = _start(lab, secrets, "cassandra-2", fast=False)
+    wait_until("cassandra-2 joins and repairs", lambda: _logs_say(lab, "cassandra-2", "repaired iot on this node"),
+               timeout=600, interval=5, on_timeout=lambda: lab.all_logs(tail=120))
+    return first, second
+
+
+def test_the_new_node_bootstraps_instead_of_joining_as_a_seed(lab, joined):
+    assert _logs_say(lab, "cassandra-2", "joining the running cluster (bootstrap), not as a seed")
+    assert not _logs_say(lab, "cassandra-1", "joining the running cluster"), "the first node formed the cluster"
+    status = lab.exec("cassandra-2", "nodetool", "status")
+    assert status.returncode == 0, status.stderr
+    assert sum(line.startswith("UN ") for line in status.stdout.splitlines()) == 2, status.stdout
+
+
+def test_both_keyspaces_are_raised_to_the_nodes_there_are(joined):
+    _, second = joined
+    cluster, session = _session(second, "cassandra", SUPERUSER_PASSWORD)
+    try:
+        rows = {r.keyspace_name: dict(r.replication) for r in session.execute(
+            "SELECT keyspace_name, replication FROM system_schema.keyspaces "
+            "WHERE keyspace_name IN ('system_auth', 'iot')")}
+    finally:
+        cluster.shutdown()
+    nts = "org.apache.cassandra.locator.NetworkTopologyStrategy"
+    assert rows == {"system_auth": {"class": nts, DC: "2"}, "iot": {"class": nts, DC: "2"}}
+
+
+def test_the_new_node_alone_serves_every_row_and_the_adapters_login(lab, joined):
+    _, second = joined
+    # cassandra-1 leaves gossip and CQL: to cassandra-2 it is down, so it coordinates and answers alone.
+    for command in ("disablebinary", "disablegossip"):
+        result = lab.exec("cassandra-1", "nodetool", command)
+        assert result.returncode == 0, result.stderr
+    try:
+        wait_until("cassandra-2 sees cassandra-1 down",
+                   lambda: "DN " in lab.exec("cassandra-2", "nodetool", "status").stdout, timeout=120, interval=3)
+        cluster, session = _session(second, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
+        try:
+            counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
+                                          (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
+        finally:
+            cluster.shutdown()
+        assert counted == ROWS
+    finally:
+        for command in ("enablegossip", "enablebinary"):
+            lab.exec("cassandra-1", "nodetool", command)
