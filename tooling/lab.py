@@ -11,6 +11,9 @@ starts simulated devices at every site and prints a status table.
                                  site.yml limited to the datacenter and the new site
   scripts/lab add-broker site-b  one more node with a Kafka broker at a site: site.yml limited to the
                                  datacenter and that site; replicas move onto it, no broker restarts
+  scripts/lab add-cassandra site-b
+                                 one more node with a Cassandra node at a site, the same way; it
+                                 bootstraps, raises the keyspaces' replicas and repairs, no node restarts
   scripts/lab remove-site site-b [--purge]
                                  the site out of the inventory, ansible/remove_site.yml on the
                                  datacenter (relayed data kept, or purged), its hosts removed
@@ -101,14 +104,14 @@ def new_site_host(site: str) -> LabHost:
     return LabHost(f"{site}-1", group, _all_roles(mqtt_node=True))
 
 
-def new_broker_host(site: str, hosts: list[LabHost]) -> LabHost:
-    """One more node for `site` that runs only a Kafka broker, with the site's next kafka_id."""
+def new_node_host(site: str, hosts: list[LabHost], role: str) -> LabHost:
+    """One more node for `site` that runs only `role` (kafka or cassandra), with the site's next <role>_id."""
     mine = [h for h in hosts if h.site == site]
     if not mine:
         raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted({h.site for h in hosts}))}")
-    kafka_ids = [int(h.variables["kafka_id"]) for h in mine if "kafka_id" in h.variables]
-    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker",
-                                                              "kafka_id": max(kafka_ids, default=0) + 1})
+    var = f"{role}_id"
+    ids = [int(h.variables[var]) for h in mine if var in h.variables]
+    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker", var: max(ids, default=0) + 1})
 
 
 # ---------------------------------------------------------------- plumbing
@@ -520,9 +523,10 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
 
 # ---------------------------------------------------------------- status
 
-def cql(host: LabHost, site: str, query: str) -> str:
-    """Run one CQL statement with cqlsh inside the site's cassandra-1 container; returns its output."""
-    script = (f"c=$(docker ps -q -f name={site}_cassandra-1 | head -1); [ -n \"$c\" ] || exit 3; "
+def cql(host: LabHost, site: str, query: str, node: int = 1) -> str:
+    """Run CQL with cqlsh inside the site's cassandra-<node> container, which runs on `host`; returns
+    its output."""
+    script = (f"c=$(docker ps -q -f name={site}_cassandra-{node}. | head -1); [ -n \"$c\" ] || exit 3; "
               f"docker exec $c cqlsh -e \"{query}\"")
     return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
 
@@ -602,8 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     add_p = sub.add_parser("add-site", help="add an edge site and deploy it (plus the datacenter's relay)")
     add_p.add_argument("site", help="site alias, e.g. site-c")
     add_p.add_argument("--rate", type=float, default=20.0)
-    broker_p = sub.add_parser("add-broker", help="add a node with one more Kafka broker to a site and deploy it")
-    broker_p.add_argument("site", help="site alias, e.g. site-b")
+    for command, what in (("add-broker", "Kafka broker"), ("add-cassandra", "Cassandra node")):
+        grow_p = sub.add_parser(command, help=f"add a node with one more {what} to a site and deploy it")
+        grow_p.add_argument("site", help="site alias, e.g. site-b")
     remove_p = sub.add_parser("remove-site", help="remove an edge site: its hosts, and at the datacenter its relay "
                                                   "flow; its relayed data kept unless --purge")
     remove_p.add_argument("site", help="site alias, e.g. site-b")
@@ -650,14 +655,15 @@ def main(argv: list[str] | None = None) -> int:
         register_and_start_devices(hosts, args.rate, sites=[args.site])
         log("lab", f"site {args.site} added in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
-    elif args.command == "add-broker":
-        host = new_broker_host(args.site, hosts)
+    elif args.command in ("add-broker", "add-cassandra"):
+        role = "kafka" if args.command == "add-broker" else "cassandra"
+        host = new_node_host(args.site, hosts, role)
         started = time.monotonic()
         create_hosts([host])
         hosts = existing_hosts()
         # The datacenter too: its relay's bootstrap list names every broker of the site.
         playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
-        log("lab", f"broker {host.variables['kafka_id']} added to {args.site} on {host.name} "
+        log("lab", f"{role}-{host.variables[f'{role}_id']} added to {args.site} on {host.name} "
                    f"in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
     elif args.command == "remove-site":

@@ -24,11 +24,11 @@ BATCH_EVERY_S = 20
 STATEFUL = ("zookeeper-1", "cassandra-1", "mosquitto")     # and every broker already there
 
 
-def running_tasks(host: lab.LabHost, services: tuple[str, ...]) -> dict[str, str]:
+def running_tasks(host: lab.LabHost, services: tuple[str, ...], site: str = SITE) -> dict[str, str]:
     """The task id running each service now: a restart, with or without a spec change, gives a new one."""
     out = {}
     for name in services:
-        ids = lab.host_exec(host, "docker", "service", "ps", f"{SITE}_{name}", "--filter", "desired-state=running",
+        ids = lab.host_exec(host, "docker", "service", "ps", f"{site}_{name}", "--filter", "desired-state=running",
                             "--format", "{{.ID}}").stdout.split()
         out[name] = ",".join(sorted(ids))
     return out

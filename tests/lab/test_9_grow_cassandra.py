@@ -1,0 +1,139 @@
+"""Growing a site's Cassandra: one more node joins site-b with one inventory line and one playbook run
+(`scripts/lab add-cassandra site-b`) while a device publishes. The running Cassandra node, ZooKeeper,
+Kafka and Mosquitto keep their tasks; the new node bootstraps, raises system_auth and the adapter's
+keyspace to min(nodes, 3) replicas and repairs them; nothing is lost. The proof that the rows written
+before the join are on the new node: with the first node out of gossip and CQL for a moment, the new
+node alone counts every batch (while replicas = nodes, every node holds every row).
+Not in the smoke: a new host, its images and the deploy take several minutes here."""
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.lab.conftest import run_lab
+from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
+from tests.lab.test_7_grow import running_tasks
+from tooling import lab
+
+SITE = "site-b"
+BATCH = 100           # readings per batch; one batch every BATCH_EVERY_S while the node joins
+BATCH_EVERY_S = 20
+STATEFUL = ("zookeeper-1", "kafka-1", "mosquitto")     # and every Cassandra node already there
+
+
+def _run_in_container(host: lab.LabHost, node: int, *command: str) -> subprocess.CompletedProcess:
+    script = f"docker exec $(docker ps -q -f name={SITE}_cassandra-{node}. | head -1) " + " ".join(command)
+    return lab.host_exec(host, "bash", "-c", script, check=False, timeout=120)
+
+
+def _in_container(host: lab.LabHost, node: int, *command: str) -> str:
+    return _run_in_container(host, node, *command).stdout
+
+
+def _replication(manager: lab.LabHost) -> dict[str, int]:
+    out = {}
+    for keyspace, replication in rows(manager, SITE, "SELECT keyspace_name, replication FROM "
+                                      "system_schema.keyspaces WHERE keyspace_name IN ('system_auth', 'iot');"):
+        match = re.search(rf"'{SITE}': '(\d+)'", replication)
+        out[keyspace] = int(match[1]) if match else 0
+    return out
+
+
+def _counts(host: lab.LabHost, node: int, sensors: list[tuple[str, int]]) -> list[int]:
+    """Every batch's row count read through cassandra-<node> at consistency ONE, in one cqlsh run, logged
+    in as the adapter's role: Cassandra reads the default superuser `cassandra` at QUORUM, which a
+    two-node site without one node lacks; other roles at LOCAL_ONE (auth_read_consistency_level)."""
+    credentials = f"[PlainTextAuthProvider]\nusername = iot_adapter\npassword = {lab.secret('cassandra_adapter')}\n"
+    container = f"$(docker ps -q -f name={SITE}_cassandra-{node}. | head -1)"
+    written = subprocess.run(["docker", "exec", "-i", host.container, "bash", "-c",
+                              f"docker exec -i {container} bash -c 'umask 077; cat > /tmp/adapter.credentials'"],
+                             input=credentials, text=True, capture_output=True, timeout=60)
+    assert written.returncode == 0, written.stderr
+    statements = ["CONSISTENCY ONE"]
+    for sensor, start_ms in sensors:
+        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
+        statements.append(f"SELECT count(*) FROM iot.temperature_readings "
+                          f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}'")
+    result = _run_in_container(host, node, "cqlsh", "--credentials", "/tmp/adapter.credentials", "-e",
+                               f'"{"; ".join(statements)};"')
+    assert result.returncode == 0, f"cqlsh through cassandra-{node}: {result.stderr[-500:]}"
+    lines = result.stdout.splitlines()
+    return [int(lines[i + 1].strip()) for i, line in enumerate(lines[:-1])
+            if line.strip() and set(line.strip()) <= set("-+") and lines[i + 1].strip().isdigit()]
+
+
+@pytest.mark.timeout(2700)
+def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(lab_hosts, capsys):
+    manager = lab.site_managers(lab_hosts)[SITE]
+    nodes_before = sorted(int(h.variables["cassandra_id"]) for h in lab_hosts
+                          if h.site == SITE and "cassandra_id" in h.variables)
+    stateful = STATEFUL + tuple(f"cassandra-{n}" for n in nodes_before)
+    tasks_before = running_tasks(manager, stateful, SITE)
+
+    sensors: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def device() -> None:
+        while not stop.is_set():
+            sensor = f"grow-cassandra-{RUN}-{len(sensors)}"
+            sensors.append((sensor, publish(manager, SITE, sensor, [21.0] * BATCH)))
+            stop.wait(BATCH_EVERY_S)
+
+    publisher = threading.Thread(target=device, daemon=True)
+    publisher.start()
+    started = time.monotonic()
+    try:
+        run_lab("add-cassandra", SITE)
+    finally:
+        stop.set()
+        publisher.join(timeout=300)
+    new = nodes_before[-1] + 1
+    with capsys.disabled():
+        print(f"\nadding cassandra-{new} to {SITE} (new host, site.yml --limit datacenter,site_b) took "
+              f"{time.monotonic() - started:.0f}s; {len(sensors)} batches of {BATCH} published meanwhile")
+
+    hosts = lab.existing_hosts()
+    manager = lab.site_managers(hosts)[SITE]
+    new_host = next(h for h in hosts if h.site == SITE and h.variables.get("cassandra_id") == new)
+    first_host = next(h for h in hosts if h.site == SITE and h.variables.get("cassandra_id") == 1)
+    assert running_tasks(manager, stateful, SITE) == tasks_before, "a running stateful service was restarted"
+    assert running_tasks(manager, (f"cassandra-{new}",), SITE)[f"cassandra-{new}"], "the new node runs"
+
+    replicas = min(len(nodes_before) + 1, 3)
+    assert _replication(manager) == {"system_auth": replicas, "iot": replicas}
+    repaired = wait_for(f"cassandra-{new}'s repair of iot", lambda: _in_container(
+        new_host, new, "cat", "/var/lib/cassandra/iot.repaired").strip(), timeout=600)
+    assert repaired == f"{SITE}:{replicas}"
+    assert "joining the running cluster (bootstrap)" in lab.host_exec(
+        new_host, "bash", "-c", f"docker logs $(docker ps -q -f name={SITE}_cassandra-{new}. | head -1) 2>&1",
+        check=False).stdout
+
+    for sensor, start_ms in sensors:
+        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
+
+        def counted(sensor=sensor, day=day):
+            out = rows(manager, SITE, "SELECT count(*) FROM iot.temperature_readings "
+                                      f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
+            return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= BATCH else None
+
+        assert wait_for(f"{BATCH} rows of {sensor} in {SITE}'s Cassandra", counted, timeout=600) == BATCH
+
+    if replicas < len(nodes_before) + 1:
+        return      # beyond three nodes no node holds every row; the rest was checked above
+    # cassandra-1 out of gossip and CQL for a moment (well inside its healthcheck's 150 s of grace):
+    # the new node then coordinates alone and must hold every batch itself.
+    for command in ("disablebinary", "disablegossip"):
+        _in_container(first_host, 1, "nodetool", command)
+    try:
+        wait_for("the new node to see cassandra-1 down",
+                 lambda: "DN " in _in_container(new_host, new, "nodetool", "status"), timeout=60, interval=2)
+        counts = _counts(new_host, new, sensors)
+    finally:
+        for command in ("enablegossip", "enablebinary"):
+            _in_container(first_host, 1, "nodetool", command)
+    assert counts == [BATCH] * len(sensors)
