@@ -48,6 +48,7 @@ IMAGES: tuple[Image, ...] = (
     Image("services", parent="runtime", python="services", project_wheel=True),
     Image("registry", parent="runtime"),  # a multi-node site's own registry (ansible images role)
     Image("prometheus", parent="runtime", sources=("monitoring",)),  # every site's; rules and console from monitoring/
+    Image("node-exporter", parent="runtime"),  # every node's free disk space, scraped by its site's Prometheus
     Image("lab-host", parent="runtime"),  # scripts/lab only; never shipped to sites
 )
 BY_NAME = {image.name: image for image in IMAGES}

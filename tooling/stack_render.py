@@ -77,7 +77,7 @@ def stack_settings() -> dict:
 
 
 # The images the stacks run (the stack role's vars/main.yml __stack_images).
-STACK_IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto", "prometheus")
+STACK_IMAGES = ("kafka", "cassandra", "spark", "services", "mosquitto", "prometheus", "node-exporter")
 
 
 def image_ids(**rebuilt: str) -> dict[str, str]:

@@ -157,7 +157,7 @@ def node_labels(hostvars_of_host: dict) -> dict:
 def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str]:
     """Project images a node needs, from the services its labels pin to it."""
     labels = node_labels(hostvars_of_host)
-    needed = set()
+    needed = {"node-exporter"}  # a global service: one task on every node
     if is_manager or "iot.zookeeper" in labels or "iot.kafka" in labels:
         needed.add("kafka")  # the manager runs the health role's Kafka probes
     if is_manager:

@@ -119,7 +119,7 @@ def test_the_status_page_shows_the_sites_figures(apps, site):
         status, page = _get(site, apps[site], "/consoles/iot-stack.html")
         assert status == 200, f"{site}: the status page answered {status}"
         figures = {f: _figure(page, f) for f in ("kafka-in", "rows-per-s", "rows-written", "dead-letters",
-                                                 "under-replicated", "relay-lag", "bridge-acked")}
+                                                 "under-replicated", "relay-lag", "bridge-acked", "disk-free")}
         # Edge: readings arrive and are written. Datacenter: MirrorMaker reports its lag per flow (its
         # adapter writes only when a site sends an event or a registration, so it may show no rows).
         flowing = (float(figures["kafka-in"]) > 0 and float(figures["bridge-acked"]) > 0
@@ -132,6 +132,8 @@ def test_the_status_page_shows_the_sites_figures(apps, site):
     assert f'<span class="site">{site}</span>' in page
     assert figures["under-replicated"] == "0.0"
     assert re.fullmatch(r"\d+\.\d", figures["dead-letters"]), figures
+    # Every node's exporter is scraped: the fullest node's free disk, a percentage.
+    assert figures["disk-free"] != "no data" and 0 < float(figures["disk-free"]) <= 100, figures
     if _tier(site) == "datacenter":
         assert figures["bridge-acked"] == "no data"     # no bridge at the datacenter
 

@@ -66,19 +66,34 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
         assert targets == [f"{role}-{n['id']}:9404" for n in topology[role]]
         assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
     services = {"bridge", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
-    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark"} | services
+    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark", "node"} | services
     spark_jobs = [job["name"] for job in stack_defaults()["stack_spark"]["jobs"][SITES[group]]]
     assert [(c["targets"], c["labels"]) for c in jobs["spark"]["static_configs"]] == [
         ([f"{name}:4040"], {"site": site, "spark_job": name}) for name in spark_jobs]
-    for job in services - {"mirrormaker"}:
+    assert jobs["node"]["dns_sd_configs"] == [{"names": ["node-exporter"], "type": "A", "port": 9100,
+                                               "refresh_interval": "30s"}]
+    for job in (services - {"mirrormaker"}) | {"node"}:
         assert jobs[job]["relabel_configs"] == [{"target_label": "site", "replacement": site}]
     # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge, the
     # sites no MirrorMaker).
     named = {job for rule in alert_rules.rules() for match in re.findall(r'job=~?"([^"]+)"', rule["expr"])
              for job in match.split("|")}
-    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker"}
+    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node"}
     assert named <= set(jobs) | {"bridge", "mirrormaker"}
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_a_node_exporter_runs_on_every_node_and_sees_only_an_empty_volume_of_its_own(example, group):
+    services = render(SITES[group], _topology(example, group))["services"]
+    exporter = services["node-exporter"]
+    assert exporter["deploy"]["mode"] == "global" and "placement" not in exporter["deploy"]
+    assert exporter["volumes"] == ["node-volumes:/node/volumes:ro"]
+    assert not exporter.get("ports") and not exporter.get("secrets")
+    assert exporter["hostname"] == "{{.Node.Hostname}}"     # Swarm's template: node_uname_info names the node
+    # The rules watch the mount point the volume is mounted at.
+    watched = {m for rule in alert_rules.rules() for m in re.findall(r'mountpoint="([^"]+)"', rule["expr"])}
+    assert watched == {"/node/volumes"}
 
 
 @pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian's prometheus; scripts/test installs it)")

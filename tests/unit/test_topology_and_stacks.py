@@ -65,11 +65,12 @@ def test_bad_site_alias_is_named():
 def test_node_labels_and_images_follow_the_host_variables():
     host = {"zookeeper_id": "2", "kafka_id": 2, "apps_node": "true"}
     assert filters.node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
-    assert filters.node_images(host, "edge", False) == ["kafka", "prometheus", "services", "spark"]
-    assert filters.node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "services"]
-    assert filters.node_images({"cassandra_id": 1}, "edge", False) == ["cassandra"]
+    assert filters.node_images(host, "edge", False) == ["kafka", "node-exporter", "prometheus", "services", "spark"]
+    assert filters.node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "node-exporter", "services"]
+    assert filters.node_images({"cassandra_id": 1}, "edge", False) == ["cassandra", "node-exporter"]
     site = {"m": {"swarm_role": "manager", "kafka_id": 1}, "w": {"swarm_role": "worker", "cassandra_id": 1, **host}}
-    assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "prometheus", "services", "spark"]
+    assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "node-exporter", "prometheus",
+                                                             "services", "spark"]
 
 
 def test_mosquitto_password_file_is_stable_and_salted_per_user_with_the_deployments_key():
@@ -97,7 +98,8 @@ def test_every_rendered_service_is_complete(example, group, tier):
     for name, service in _services(stack).items():
         deploy = service["deploy"]
         assert deploy["endpoint_mode"] == "dnsrr", name
-        assert deploy["placement"]["constraints"], name
+        # Placed on a labelled node, or one task on every node (the node exporter).
+        assert deploy.get("mode") == "global" or deploy["placement"]["constraints"], name
         assert {"limits", "reservations"} <= set(deploy["resources"]), name
         assert deploy["restart_policy"]["condition"] == "any", name
         assert deploy["update_config"]["parallelism"] == 1, name

@@ -34,6 +34,7 @@ OWNERS = (
     ("iot_adapter_", "adapter"),
     ("bridge_", "bridge"),
     ("spark_streaming_", "spark"),
+    ("node_", "node-exporter"),
     ("process_", "every process"),
     ("up", "prometheus"),
 )
