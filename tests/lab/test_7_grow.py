@@ -34,6 +34,45 @@ def running_tasks(host: lab.LabHost, services: tuple[str, ...], site: str = SITE
     return out
 
 
+def publishing_while(manager: lab.LabHost, site: str, prefix: str, action) -> list[tuple[str, int]]:
+    """Run `action()` while a device publishes a batch of BATCH readings at QoS 1 to `site` every
+    BATCH_EVERY_S; returns the batches, (sensor, first event time in ms)."""
+    sensors: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def device() -> None:
+        while not stop.is_set():
+            sensor = f"{prefix}-{RUN}-{len(sensors)}"
+            sensors.append((sensor, publish(manager, site, sensor, [21.0] * BATCH)))
+            stop.wait(BATCH_EVERY_S)
+
+    publisher = threading.Thread(target=device, daemon=True)
+    publisher.start()
+    try:
+        action()
+    finally:
+        stop.set()
+        publisher.join(timeout=300)
+    return sensors
+
+
+def batch_day(start_ms: int) -> str:
+    return datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
+
+
+def assert_counted(manager: lab.LabHost, site: str, sensors: list[tuple[str, int]]) -> None:
+    """Every batch has its BATCH rows in the site's Cassandra (waiting up to 10 min for each)."""
+    for sensor, start_ms in sensors:
+        day = batch_day(start_ms)
+
+        def counted(sensor=sensor, day=day):
+            out = rows(manager, site, "SELECT count(*) FROM iot.temperature_readings "
+                                      f"WHERE site='{site}' AND sensor_id='{sensor}' AND day='{day}';")
+            return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= BATCH else None
+
+        assert wait_for(f"{BATCH} rows of {sensor} in {site}'s Cassandra", counted, timeout=600) == BATCH
+
+
 @pytest.mark.timeout(2700)
 def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(lab_hosts, capsys):
     manager = lab.site_managers(lab_hosts)[SITE]
@@ -42,23 +81,8 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
     stateful = STATEFUL + tuple(f"kafka-{b}" for b in brokers_before)
     tasks_before = running_tasks(manager, stateful)
 
-    sensors: list[tuple[str, int]] = []
-    stop = threading.Event()
-
-    def device() -> None:
-        while not stop.is_set():
-            sensor = f"grow-{RUN}-{len(sensors)}"
-            sensors.append((sensor, publish(manager, SITE, sensor, [21.0] * BATCH)))
-            stop.wait(BATCH_EVERY_S)
-
-    publisher = threading.Thread(target=device, daemon=True)
-    publisher.start()
     started = time.monotonic()
-    try:
-        run_lab("add-broker", SITE)
-    finally:
-        stop.set()
-        publisher.join(timeout=300)
+    sensors = publishing_while(manager, SITE, "grow", lambda: run_lab("add-broker", SITE))
     new_broker = brokers_before[-1] + 1
     with capsys.disabled():
         print(f"\nadding broker {new_broker} to {SITE} (new host, site.yml --limit datacenter,site_a) took "
@@ -86,12 +110,4 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
     (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
     assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
 
-    for sensor, start_ms in sensors:
-        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
-
-        def counted(sensor=sensor, day=day):
-            out = rows(manager, SITE, "SELECT count(*) FROM iot.temperature_readings "
-                                      f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
-            return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= BATCH else None
-
-        assert wait_for(f"{BATCH} rows of {sensor} in {SITE}'s Cassandra", counted, timeout=600) == BATCH
+    assert_counted(manager, SITE, sensors)

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-import threading
 import time
-from datetime import UTC, datetime
 
 import pytest
 
 from tests.lab.conftest import run_lab
-from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
-from tests.lab.test_7_grow import running_tasks
+from tests.lab.test_2_end_to_end import rows, wait_for
+from tests.lab.test_7_grow import BATCH, assert_counted, batch_day, publishing_while, running_tasks
 from tooling import lab
 
 SITE = "site-b"
-BATCH = 100           # readings per batch; one batch every BATCH_EVERY_S while the node joins
-BATCH_EVERY_S = 20
 STATEFUL = ("zookeeper-1", "kafka-1", "mosquitto")     # and every Cassandra node already there
 
 
@@ -56,7 +52,7 @@ def _counts(host: lab.LabHost, node: int, sensors: list[tuple[str, int]]) -> lis
     assert written.returncode == 0, written.stderr
     statements = ["CONSISTENCY ONE"]
     for sensor, start_ms in sensors:
-        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
+        day = batch_day(start_ms)
         statements.append(f"SELECT count(*) FROM iot.temperature_readings "
                           f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}'")
     result = _run_in_container(host, node, "cqlsh", "--credentials", "/tmp/adapter.credentials", "-e",
@@ -75,23 +71,8 @@ def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(l
     stateful = STATEFUL + tuple(f"cassandra-{n}" for n in nodes_before)
     tasks_before = running_tasks(manager, stateful, SITE)
 
-    sensors: list[tuple[str, int]] = []
-    stop = threading.Event()
-
-    def device() -> None:
-        while not stop.is_set():
-            sensor = f"grow-cassandra-{RUN}-{len(sensors)}"
-            sensors.append((sensor, publish(manager, SITE, sensor, [21.0] * BATCH)))
-            stop.wait(BATCH_EVERY_S)
-
-    publisher = threading.Thread(target=device, daemon=True)
-    publisher.start()
     started = time.monotonic()
-    try:
-        run_lab("add-cassandra", SITE)
-    finally:
-        stop.set()
-        publisher.join(timeout=300)
+    sensors = publishing_while(manager, SITE, "grow-cassandra", lambda: run_lab("add-cassandra", SITE))
     new = nodes_before[-1] + 1
     with capsys.disabled():
         print(f"\nadding cassandra-{new} to {SITE} (new host, site.yml --limit datacenter,site_b) took "
@@ -113,15 +94,7 @@ def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(l
         new_host, "bash", "-c", f"docker logs $(docker ps -q -f name={SITE}_cassandra-{new}. | head -1) 2>&1",
         check=False).stdout
 
-    for sensor, start_ms in sensors:
-        day = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d")
-
-        def counted(sensor=sensor, day=day):
-            out = rows(manager, SITE, "SELECT count(*) FROM iot.temperature_readings "
-                                      f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
-            return int(out[0][0]) if out and out[0][0].isdigit() and int(out[0][0]) >= BATCH else None
-
-        assert wait_for(f"{BATCH} rows of {sensor} in {SITE}'s Cassandra", counted, timeout=600) == BATCH
+    assert_counted(manager, SITE, sensors)
 
     if replicas < len(nodes_before) + 1:
         return      # beyond three nodes no node holds every row; the rest was checked above
