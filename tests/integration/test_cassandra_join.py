@@ -4,7 +4,7 @@ part of adding a node to a site (docs/operations.md, "Adding a Cassandra node").
 Both nodes get the settings the stacks give them whatever the node count: the seeds
 cassandra-1,cassandra-2,cassandra-3 (only some exist) and CASSANDRA_REPLICATION site-a:3.
 cassandra-2 starts without data while cassandra-1 runs, so its entrypoint takes it off
-the seed list and it bootstraps; its cassandra-auth-setup then raises system_auth and the
+its seed list and it bootstraps; its cassandra-auth-setup then raises system_auth and the
 adapter's keyspace from 1 to 2 replicas (the nodes it sees) and repairs both. The proof
 that the rows written before the join are on the new node: with cassandra-1 out of
 gossip and CQL, every row and the adapter's login are served by cassandra-2 alone.
@@ -96,8 +96,10 @@ def joined(lab, tmp_path_factory):
 
 
 def test_the_new_node_bootstraps_instead_of_joining_as_a_seed(lab, joined):
-    assert _logs_say(lab, "cassandra-2", "joining the running cluster (bootstrap), not as a seed")
+    assert _logs_say(lab, "cassandra-2", "cassandra-1 answers: joining the running cluster through it, not as a seed")
+    assert _logs_say(lab, "cassandra-2", "JOINING: Starting to bootstrap")        # Cassandra's own word for it
     assert not _logs_say(lab, "cassandra-1", "joining the running cluster"), "the first node formed the cluster"
+    assert not _logs_say(lab, "cassandra-1", "Starting to bootstrap")
     status = lab.exec("cassandra-2", "nodetool", "status")
     assert status.returncode == 0, status.stderr
     assert sum(line.startswith("UN ") for line in status.stdout.splitlines()) == 2, status.stdout

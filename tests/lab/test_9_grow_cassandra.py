@@ -90,9 +90,11 @@ def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(l
     repaired = wait_for(f"cassandra-{new}'s repair of iot", lambda: _in_container(
         new_host, new, "cat", "/var/lib/cassandra/iot.repaired").strip(), timeout=600)
     assert repaired == f"{SITE}:{replicas}"
-    assert "joining the running cluster (bootstrap)" in lab.host_exec(
-        new_host, "bash", "-c", f"docker logs $(docker ps -q -f name={SITE}_cassandra-{new}. | head -1) 2>&1",
-        check=False).stdout
+    logs = lab.host_exec(new_host, "bash", "-c",
+                         f"docker logs $(docker ps -q -f name={SITE}_cassandra-{new}. | head -1) 2>&1",
+                         check=False).stdout
+    assert "joining the running cluster through it, not as a seed" in logs
+    assert "JOINING: Starting to bootstrap" in logs
 
     assert_counted(manager, SITE, sensors)
 
