@@ -104,14 +104,18 @@ def new_site_host(site: str) -> LabHost:
     return LabHost(f"{site}-1", group, _all_roles(mqtt_node=True))
 
 
+def role_ids(hosts: list[LabHost], site: str, role: str) -> list[int]:
+    """The <role>_id values (zookeeper, kafka, cassandra) of `site`'s hosts, in order."""
+    return sorted(int(h.variables[f"{role}_id"]) for h in hosts if h.site == site and f"{role}_id" in h.variables)
+
+
 def new_node_host(site: str, hosts: list[LabHost], role: str) -> LabHost:
     """One more node for `site` that runs only `role` (kafka or cassandra), with the site's next <role>_id."""
     mine = [h for h in hosts if h.site == site]
     if not mine:
         raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted({h.site for h in hosts}))}")
-    var = f"{role}_id"
-    ids = [int(h.variables[var]) for h in mine if var in h.variables]
-    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker", var: max(ids, default=0) + 1})
+    next_id = max(role_ids(hosts, site, role), default=0) + 1
+    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker", f"{role}_id": next_id})
 
 
 # ---------------------------------------------------------------- plumbing

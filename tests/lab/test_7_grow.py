@@ -76,8 +76,7 @@ def assert_counted(manager: lab.LabHost, site: str, sensors: list[tuple[str, int
 @pytest.mark.timeout(2700)
 def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(lab_hosts, capsys):
     manager = lab.site_managers(lab_hosts)[SITE]
-    brokers_before = sorted(int(h.variables["kafka_id"]) for h in lab_hosts
-                            if h.site == SITE and "kafka_id" in h.variables)
+    brokers_before = lab.role_ids(lab_hosts, SITE, "kafka")
     stateful = STATEFUL + tuple(f"kafka-{b}" for b in brokers_before)
     tasks_before = running_tasks(manager, stateful)
 

@@ -66,8 +66,7 @@ def _counts(host: lab.LabHost, node: int, sensors: list[tuple[str, int]]) -> lis
 @pytest.mark.timeout(2700)
 def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(lab_hosts, capsys):
     manager = lab.site_managers(lab_hosts)[SITE]
-    nodes_before = sorted(int(h.variables["cassandra_id"]) for h in lab_hosts
-                          if h.site == SITE and "cassandra_id" in h.variables)
+    nodes_before = lab.role_ids(lab_hosts, SITE, "cassandra")
     stateful = STATEFUL + tuple(f"cassandra-{n}" for n in nodes_before)
     tasks_before = running_tasks(manager, stateful, SITE)
 
