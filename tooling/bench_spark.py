@@ -18,7 +18,9 @@ whatever else runs.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 import statistics
 import sys
 import threading
@@ -88,6 +90,29 @@ def percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
+STAGE_FIELD = re.compile(r"\b([a-z_]+_ms)=(\d+)")
+
+
+def stage_breakdown(log_lines: list[str], since: float, until: float) -> dict[str, float]:
+    """Mean milliseconds per stage (iot_jobs.runtime.stage_fields) of the threshold query's micro-batches
+    that held rows and were logged between since and until (epoch seconds; the job logs UTC times)."""
+    sums: dict[str, int] = {}
+    batches = 0
+    for line in log_lines:
+        if "progress query=threshold" not in line or " rows=0 " in line:
+            continue
+        try:
+            when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=datetime.UTC)
+        except ValueError:
+            continue
+        if not since <= when.timestamp() <= until:
+            continue
+        batches += 1
+        for name, value in STAGE_FIELD.findall(line):
+            sums[name] = sums.get(name, 0) + int(value)
+    return {"batches": batches, **{name: round(total / batches) for name, total in sums.items()}} if batches else {}
+
+
 def measure(reader: EventReader, producer: Producer, rate: int, seconds: float, sensors: int,
             warmup: float, drain: float) -> dict:
     counters = [0] * sensors
@@ -102,7 +127,8 @@ def measure(reader: EventReader, producer: Producer, rate: int, seconds: float, 
         window = [s for s in reader.samples if s[0] >= begin_ms]
         log("drain", f"rate={rate}/s events={len(window)}/{expected}", every=5)
     latencies = [out - when for when, out in window if when >= begin_ms + warmup * 1000]
-    return {"rate": rate, "sent": sent, "achieved_rate": round(sent / seconds), "events_expected": expected,
+    return {"rate": rate, "window": (begin_ms / 1000 + warmup, time.time()),
+            "sent": sent, "achieved_rate": round(sent / seconds), "events_expected": expected,
             "events_received": len(window), "samples": len(latencies),
             "p50_ms": percentile(latencies, 0.50) if latencies else None,
             "p95_ms": percentile(latencies, 0.95) if latencies else None,
@@ -171,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             print(f"{r['rate']:>8} {r['achieved_rate']:>9} {r['events_received']:>6}/{r['events_expected']:<6} "
                   f"{r['p50_ms']!s:>8} {r['p95_ms']!s:>8} {r['p99_ms']!s:>8} {r['max_ms']!s:>8} {r['mean_ms']!s:>8}")
+        logs = lab.logs("detector", tail=10**9).splitlines()
+        print("\nwhere a micro-batch's time goes: mean ms per stage of the batches with rows, after the warm-up")
+        for r in results:
+            stages = stage_breakdown(logs, *r["window"])
+            print(f"{r['rate']:>8}/s " + (" ".join(f"{k}={v}" for k, v in stages.items()) or "no batches logged"))
         print(f"job still running at the end: {alive}; figures are indicative (shared 2-core machine)")
         return 0 if alive == "true" and all(r["samples"] for r in results) else 1
     finally:
