@@ -90,6 +90,7 @@ log = logging.getLogger("cassandra-adapter")
 PAUSE_AFTER_FULL_S = 1.0    # a full window that frees up within this is normal load, not an outage
 STOP_GRACE_S = 20.0         # finish in-flight writes on SIGTERM; keep Swarm's stop_grace_period above it
 REVOKE_GRACE_S = 10.0       # finish in-flight writes of partitions taken away in a rebalance
+POLL_WAIT_S = 0.02          # longest wait for a record in a loop turn with room in the window
 BATCH_MAX = 5000            # records taken from the consumer per loop turn (more rows per partition batch)
 SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S = 1.0, 15.0
 
@@ -301,7 +302,10 @@ class Adapter:
             # Polling while paused returns nothing but keeps us in the group (max.poll.interval.ms).
             self._accept(self.consumer.consume(1, 0.05))
             return
-        first = self.consumer.poll(0.05 if outstanding == 0 else 0.0)
+        # Wait for a record even with writes in flight: a write's outcome only frees window room and
+        # advances commits, and a turn later is soon enough for both. Polling without waiting spun a
+        # core whenever a write was out, which on a small site is the CPU Kafka and Cassandra need.
+        first = self.consumer.poll(POLL_WAIT_S)
         if first is None:
             return
         self._accept([first] + self.consumer.consume(min(room, BATCH_MAX) - 1, 0) if room > 1 else [first])
