@@ -154,6 +154,10 @@ def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
         # transformWithStateInPandas and state TTL need RocksDB.
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        # Each commit writes the batch's changes, not a RocksDB snapshot (snapshots move to the maintenance
+        # thread): the state commit fell from about 500 to 320 ms a batch at 1,000 sensors (scripts/bench
+        # spark, docs/operations.md "Benchmarks"). A running query's checkpoint takes it as it is.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # 200 state partitions cost seconds per micro-batch on a small site; fixed once checkpointed.
         "spark.sql.shuffle.partitions": "4",
         # A Python worker's socket back to the JVM (SPARK_AUTH_SOCKET_TIMEOUT in the worker) gets 15 s
@@ -207,10 +211,15 @@ def source_options(kafka_options: dict[str, str], subscription: dict[str, str],
     return {**kafka_options, **subscription, **starting, **FIXED_SOURCE_OPTIONS}
 
 
-def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_topic: bool = False) -> DataFrame:
+def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_topic: bool = False,
+               starting: dict | None = None) -> DataFrame:
     """The source's records from the checkpoint, or on a first start from where
-    STARTING_OFFSETS says (whole_topic: from the beginning, for registries)."""
-    starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
+    STARTING_OFFSETS says (whole_topic: from the beginning, for registries; starting: from these offsets,
+    {topic: {partition: offset}})."""
+    if starting is not None:
+        starting = {"startingOffsets": json.dumps(starting)}
+    else:
+        starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
     return (spark.readStream.format("kafka")
             .options(**kafka.source_options(source.options(), starting))
             .load())
@@ -361,12 +370,28 @@ def _log_progress(query: StreamingQuery, logged: dict[str, int]) -> None:
                 _skipped[query.name] = _skipped.get(query.name, 0) + 1
                 log.warning("kafka data skipped query=%s batch=%s skipped_total=%d: %s (failOnDataLoss=false)",
                             query.name, batch["batchId"], _skipped[query.name], problem)
-    durations = progress.get("durationMs", {})
-    log.info("progress query=%s batch=%s rows=%s input_rate=%.0f processed_rate=%.0f trigger_ms=%s add_batch_ms=%s "
-             "state_rows=%s", query.name, progress["batchId"], progress.get("numInputRows"),
+    log.info("progress query=%s batch=%s rows=%s input_rate=%.0f processed_rate=%.0f state_rows=%s %s",
+             query.name, progress["batchId"], progress.get("numInputRows"),
              progress.get("inputRowsPerSecond") or 0, progress.get("processedRowsPerSecond") or 0,
-             durations.get("triggerExecution"), durations.get("addBatch"),
-             sum(op.get("numRowsTotal", 0) for op in progress.get("stateOperators", [])))
+             sum(op.get("numRowsTotal", 0) for op in progress.get("stateOperators", [])), stage_fields(progress))
+
+
+# The stages of a micro-batch as Spark reports them (durationMs), in the order they run; triggerExecution is
+# the whole batch. state_commit is the state stores' commit (RocksDB checkpoint), part of addBatch.
+STAGES = (("latestOffset", "offsets_ms"), ("queryPlanning", "planning_ms"), ("walCommit", "wal_ms"),
+          ("getBatch", "get_batch_ms"), ("addBatch", "add_batch_ms"), ("commitOffsets", "commit_ms"),
+          ("triggerExecution", "trigger_ms"))
+
+
+def stage_fields(progress: dict) -> str:
+    """'offsets_ms=3 planning_ms=40 ... trigger_ms=900 state_commit_ms=12': where a micro-batch's time went
+    (stages Spark did not report are left out), for the log line and scripts/bench spark's breakdown."""
+    durations = progress.get("durationMs") or {}
+    fields = [f"{name}={durations[key]}" for key, name in STAGES if key in durations]
+    operators = progress.get("stateOperators") or []
+    if operators:
+        fields.append(f"state_commit_ms={sum(op.get('commitTimeMs', 0) for op in operators)}")
+    return " ".join(fields)
 
 
 def _catch_signals(spark: SparkSession, stop: threading.Event) -> None:
