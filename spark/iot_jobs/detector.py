@@ -42,7 +42,10 @@ SENSOR_DDL = "sensor_id STRING, sensor_type STRING, seen_ms BIGINT, " + STATE_DD
 STATE_NAMES = tuple(SensorState.__dataclass_fields__)
 STATE_FIELDS = len(STATE_NAMES)
 SENSOR_NAMES = ("sensor_id", "sensor_type", "seen_ms", *STATE_NAMES)
-BUCKETS = 64
+# 16, 4 and 64 buckets gave micro-batches of 532, 514 and 724 ms at 5,000 readings/s from 1,000 sensors
+# (scripts/bench spark): fewer keys, fewer round trips. A bucket's entries are all rewritten when it has
+# input, so fewer buckets rewrite more idle sensors, and the buckets bound the state's parallelism.
+BUCKETS = 16
 CHECKPOINT = "threshold-buckets"     # the query's checkpoint, under CHECKPOINT_DIR (legacy_state.py)
 # Columns of the unioned input of the state machine.
 KIND_REGISTRATION, KIND_READING = 0, 1
