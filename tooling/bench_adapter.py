@@ -17,11 +17,21 @@ the produced number of rows. Every phase is bounded in time; a baseline cut
 short by --phase-timeout still yields its rate (and says so). Figures are
 indicative: the machine is shared with other containers.
 
+With --paced RATE it measures latency instead: a producer process sends RATE
+readings/s for --seconds (each stamped with its send time) while the adapter
+writes them, then the baseline the same on a topic of its own. For each it
+prints device-to-stored latency, WRITETIME of the row (Cassandra's clock when it
+applied the write) - the reading's time, and the CPU this process used (the
+writer alone: the producer runs in another process). Each first writes 10 s of
+readings that are not counted, so Cassandra's JIT is warm.
+
     python -m tooling.bench_adapter [--records 200000] [--sensors 200]
+    python -m tooling.bench_adapter --paced 1000 [--seconds 30]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import threading
@@ -43,7 +53,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=6, help="Kafka partitions of the topic (6)")
     p.add_argument("--window", type=int, default=10000, help="adapter's in-flight window (10000)")
     p.add_argument("--phase-timeout", type=float, default=60.0, help="seconds each drain may take at most (60)")
-    return p.parse_args(argv)
+    p.add_argument("--paced", type=int, default=0, metavar="RATE",
+                   help="measure latency at RATE readings/s instead of draining a backlog")
+    p.add_argument("--seconds", type=float, default=30.0, help="with --paced: seconds each writer is measured (30)")
+    args = p.parse_args(argv)
+    if args.paced < 0 or args.seconds <= 0:
+        p.error("--paced and --seconds must be positive")
+    return args
 
 
 def _produce(bootstrap: str, records: int, sensors: int) -> tuple[int, int]:
@@ -66,6 +82,144 @@ def _produce(bootstrap: str, records: int, sensors: int) -> tuple[int, int]:
         raise SystemExit("bench adapter: Kafka did not acknowledge every produced record")
     progress.log("produce", f"{records} readings on {TOPIC}", force=True)
     return start, start + records - 1
+
+
+def _produce_paced(bootstrap: str, topic: str, rate: int, seconds: float, sensors: int, tag: str, count) -> None:
+    """RATE readings/s for `seconds` (a child process), each stamped with the time it is sent; the number
+    sent goes into `count` (a shared Value)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    start, sent, last = time.monotonic(), 0, {}
+    while (elapsed := time.monotonic() - start) < seconds:
+        while sent < int(elapsed * rate):
+            now = int(time.time() * 1000)
+            sensor = f"{tag}-{sent % sensors}"
+            # A row is (sensor, timestamp): a sensor's next reading is at least 1 ms after its last, also
+            # when this process catches up after a stall.
+            stamp = last[sensor] = max(now, last.get(sensor, 0) + 1)
+            value = json.dumps({"sensor_id": sensor, "timestamp": stamp, "temperature": 20.0, "unit": "C"})
+            producer.produce(topic, key=sensor, value=value,
+                             headers=[(names.HEADER_SITE, SITE), (names.HEADER_INGEST_MS, str(now))])
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.002)
+    if producer.flush(60):
+        raise SystemExit("bench adapter: Kafka did not acknowledge every produced record")
+    count.value = sent
+
+
+def _paced_phase(bootstrap: str, topic: str, rate: int, seconds: float, sensors: int, tag: str,
+                 written) -> tuple[int, float]:
+    """Produce at `rate` from a child process while this one writes; (readings sent, CPU % of one core
+    this process used meanwhile). Waits until `written()` has caught up."""
+    import multiprocessing
+    import resource
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    context = multiprocessing.get_context("spawn")
+    count = context.Value("q", 0)
+    child = context.Process(target=_produce_paced, args=(bootstrap, topic, rate, seconds, sensors, tag, count))
+    before, t0 = written(), time.monotonic()
+    cpu0 = cpu()
+    child.start()
+    while child.is_alive():
+        progress.log("paced", f"{tag}: {written() - before} rows written", every=5)
+        time.sleep(0.5)
+    used = 100 * (cpu() - cpu0) / (time.monotonic() - t0)
+    if child.exitcode != 0:
+        raise SystemExit(f"bench adapter: the producer process failed (exit {child.exitcode})")
+    sent = count.value
+    deadline = time.monotonic() + 60
+    while written() - before < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return sent, used
+
+
+def _stored_latencies(session, keyspace: str, sensors: int, tag: str) -> list[int]:
+    """WRITETIME - event time (ms) of every row of the tag's sensors."""
+    from services.adapter.schema import utc_day
+
+    now = int(time.time() * 1000)
+    days = {utc_day(now - 120_000).date, utc_day(now).date}
+    query = session.prepare(f"SELECT WRITETIME(ingest_time), event_time FROM {keyspace}.readings "
+                            "WHERE site = ? AND sensor_id = ? AND day = ?")
+    found = []
+    for s in range(sensors):
+        for day in days:
+            for written_us, event_time in session.execute(query, (SITE, f"{tag}-{s}", day), timeout=60):
+                event_ms = int(event_time.replace(tzinfo=datetime.UTC).timestamp() * 1000)
+                found.append(written_us // 1000 - event_ms)
+    return found
+
+
+def _paced_main(args: argparse.Namespace, kafka, node) -> int:
+    """--paced: latency of the adapter and of the baseline at the same rate, one after the other."""
+    from services.adapter.app import Adapter
+    from services.adapter.mappings import parse_mappings
+    from services.adapter.settings import load, parser
+    from tooling.bench_e2e import percentiles
+    from tooling.testbed.kafka_cluster import create_topics
+
+    sync_topic = f"{TOPIC}-sync"
+    create_topics(kafka, sync_topic, partitions=args.partitions)
+    settings = load(parser().parse_args([
+        "--kafka-bootstrap", kafka.external, "--cassandra-hosts", "127.0.0.1", "--cassandra-port",
+        str(node.host_port), "--local-dc", "dc1", "--keyspace", "bench_adapter", "--replication", "dc1:1",
+        "--metrics-port", "0", "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(args.window)]))
+    mappings = parse_mappings(f'[[table]]\ntopics = ["{TOPIC}"]\ntable = "readings"\n'
+                              'contract = "temperature-reading"\n')
+    stop = threading.Event()
+    adapter = Adapter(settings, mappings, stop)
+    thread = threading.Thread(target=adapter.run, name="adapter", daemon=True)
+    thread.start()
+    results = {}
+    try:
+        _paced_phase(kafka.external, TOPIC, args.paced, 10, args.sensors, "warm", lambda: adapter.written)
+        results["adapter"] = _paced_phase(kafka.external, TOPIC, args.paced, args.seconds, args.sensors, "a",
+                                          lambda: adapter.written)
+    finally:
+        stop.set()
+        thread.join(60)
+    session = node.session(timeout=60)
+    try:
+        written, sync_stop = [0], threading.Event()
+        sync = threading.Thread(target=_sync_loop, args=(kafka.external, session, sync_topic, written, sync_stop),
+                                daemon=True)
+        sync.start()
+        try:
+            _paced_phase(kafka.external, sync_topic, args.paced, 10, args.sensors, "warm", lambda: written[0])
+            results["baseline"] = _paced_phase(kafka.external, sync_topic, args.paced, args.seconds, args.sensors,
+                                               "b", lambda: written[0])
+        finally:
+            sync_stop.set()
+            sync.join(30)
+        figures = {"adapter": percentiles(_stored_latencies(session, "bench_adapter", args.sensors, "a")),
+                   "baseline": percentiles(_stored_latencies(session, "bench_sync", args.sensors, "b"))}
+    finally:
+        session.cluster.shutdown()
+    print(f"device -> stored (WRITETIME - reading time) at {args.paced:,} readings/s for {args.seconds:.0f}s, "
+          f"{args.sensors} sensors, ms")
+    print(f"{'writer':<30} {'rows':>15} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7} {'cpu %':>6}")
+    labels = {"adapter": "adapter (async, batched)", "baseline": "baseline (sync INSERT/rec)"}
+    for name, (sent, cpu) in results.items():
+        f = figures[name]
+        print(f"{labels[name]:<30} {f['n']:>7,}/{sent:<7,} {f['p50']!s:>7} {f['p95']!s:>7} {f['p99']!s:>7} "
+              f"{f['max']!s:>7} {cpu:>6.0f}")
+    if figures["adapter"]["p50"] and figures["baseline"]["p50"]:
+        print(f"ratio baseline/adapter, p50: {figures['baseline']['p50'] / max(figures['adapter']['p50'], 1):.1f}x")
+    # The adapter must have stored every reading. The thesis adapter may still be behind a rate it cannot
+    # keep (its figures then leave out the readings not yet written: they understate it).
+    behind = results["baseline"][0] - figures["baseline"]["n"]
+    if behind > 0:
+        print(f"the thesis adapter was {behind:,} readings behind when measured (60 s after the last was sent)")
+    ok = figures["adapter"]["n"] == results["adapter"][0]
+    if not ok:
+        print("row count check FAILED: the adapter must store every produced reading once", file=sys.stderr)
+    return 0 if ok else 1
 
 
 def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
@@ -95,6 +249,22 @@ def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspa
 
 def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[float, bool]:
     """The thesis adapter's loop: one record, one blocking INSERT, repeat."""
+    written = [0]
+    stop = threading.Event()
+    thread = threading.Thread(target=_sync_loop, args=(bootstrap, session, TOPIC, written, stop, args.records),
+                              name="baseline", daemon=True)
+    thread.start()
+    try:
+        return _measure("baseline", lambda: written[0], args.records, args.phase_timeout)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def _sync_loop(bootstrap: str, session, topic: str, written: list[int], stop: threading.Event,
+               limit: int | None = None) -> None:
+    """The thesis adapter into keyspace bench_sync: poll one record, INSERT it (blocking), count it in
+    written[0]; until stop is set (or `limit` rows)."""
     from confluent_kafka import Consumer
 
     from services.adapter.schema import create_keyspace_cql, create_table_cql, insert_cql, layout, row_builder
@@ -107,25 +277,15 @@ def _run_baseline(bootstrap: str, session, args: argparse.Namespace) -> tuple[fl
     insert = session.prepare(insert_cql("bench_sync", "readings", lay))
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-sync-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest"})
-    consumer.subscribe([TOPIC])
-    written = [0]
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set() and written[0] < args.records:
+    consumer.subscribe([topic])
+    try:
+        while not stop.is_set() and (limit is None or written[0] < limit):
             msg = consumer.poll(0.1)
             if msg is None or msg.error():
                 continue
             insert_one(session, insert, build, msg)
             written[0] += 1
-
-    thread = threading.Thread(target=loop, name="baseline", daemon=True)
-    thread.start()
-    try:
-        return _measure("baseline", lambda: written[0], args.records, args.phase_timeout)
     finally:
-        stop.set()
-        thread.join(30)
         consumer.close()
 
 
@@ -182,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         kafka = start_kafka_cluster(lab, prefix="bench-")
         create_topics(kafka, TOPIC, partitions=args.partitions)
         node = start_cassandra(lab, memory="2g", heap="1G")
+        if args.paced:
+            return _paced_main(args, kafka, node)
         span = _produce(kafka.external, args.records, args.sensors)
 
         warmup_rate, _ = _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")
