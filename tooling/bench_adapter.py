@@ -161,7 +161,7 @@ def _paced_main(args: argparse.Namespace, kafka, node) -> int:
     from services.adapter.app import Adapter
     from services.adapter.mappings import parse_mappings
     from services.adapter.settings import load, parser
-    from tooling.bench_e2e import percentiles
+    from tooling.latency import percentiles
     from tooling.testbed.kafka_cluster import create_topics
 
     sync_topic = f"{TOPIC}-sync"

@@ -39,6 +39,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from tooling.latency import percentiles
+
 PATHS = {
     "a": "device -> site Kafka",
     "b": "device -> site Cassandra",
@@ -257,14 +259,6 @@ def group_lag(client: dict, topic: str, group: str) -> int:
 
 
 # ------------------------------------------------------------------ one rate
-
-def percentiles(values: list[int]) -> dict:
-    if not values:
-        return {"n": 0, "p50": None, "p95": None, "p99": None, "max": None}
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": ordered[-1]}
-
 
 def publish_phase(pipeline, observers: dict, args: argparse.Namespace, rate: int, tag: str,
                   baseline_written=None) -> tuple[list[str], dict]:

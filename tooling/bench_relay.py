@@ -104,7 +104,7 @@ def _datacenter_consumer(datacenter: KafkaCluster, alias: str) -> Consumer:
 def _paced(lab: Lab, site: KafkaCluster, datacenter: KafkaCluster, alias: str, exactly_once: bool,
            rate: int, seconds: float) -> dict:
     """Latency of MirrorMaker relaying `rate` records/s: produce time -> received at the datacenter."""
-    from tooling.bench_e2e import percentiles
+    from tooling.latency import percentiles
 
     name = _start_mirrormaker(lab, site, _mm2_properties(site, datacenter, alias, False, exactly_once), alias)
     consumer = _datacenter_consumer(datacenter, alias)

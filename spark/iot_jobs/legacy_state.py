@@ -1,6 +1,6 @@
 """Carry the threshold detector over from its per-sensor checkpoint to the bucketed one.
 
-Up to version 0.1.0's first releases the detector kept one state per sensor, checkpointed in
+Before its state moved into buckets the detector kept one state per sensor, checkpointed in
 <CHECKPOINT_DIR>/threshold-events (LEGACY_QUERY). The bucketed operator (detector.py) has another
 key, so Spark cannot resume that checkpoint; the bucketed query has its own (detector.CHECKPOINT).
 On its first start beside a per-sensor checkpoint that committed a micro-batch, the job:
