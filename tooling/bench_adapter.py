@@ -158,24 +158,12 @@ def _stored_latencies(session, keyspace: str, sensors: int, tag: str) -> list[in
 
 def _paced_main(args: argparse.Namespace, kafka, node) -> int:
     """--paced: latency of the adapter and of the baseline at the same rate, one after the other."""
-    from services.adapter.app import Adapter
-    from services.adapter.mappings import parse_mappings
-    from services.adapter.settings import load, parser
     from tooling.latency import percentiles
     from tooling.testbed.kafka_cluster import create_topics
 
     sync_topic = f"{TOPIC}-sync"
     create_topics(kafka, sync_topic, partitions=args.partitions)
-    settings = load(parser().parse_args([
-        "--kafka-bootstrap", kafka.external, "--cassandra-hosts", "127.0.0.1", "--cassandra-port",
-        str(node.host_port), "--local-dc", "dc1", "--keyspace", "bench_adapter", "--replication", "dc1:1",
-        "--metrics-port", "0", "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(args.window)]))
-    mappings = parse_mappings(f'[[table]]\ntopics = ["{TOPIC}"]\ntable = "readings"\n'
-                              'contract = "temperature-reading"\n')
-    stop = threading.Event()
-    adapter = Adapter(settings, mappings, stop)
-    thread = threading.Thread(target=adapter.run, name="adapter", daemon=True)
-    thread.start()
+    adapter, thread, stop = _start_adapter(kafka.external, node.host_port, args.window, "bench_adapter")
     results = {}
     try:
         _paced_phase(kafka.external, TOPIC, args.paced, 10, args.sensors, "warm", lambda: adapter.written)
@@ -222,8 +210,9 @@ def _paced_main(args: argparse.Namespace, kafka, node) -> int:
     return 0 if ok else 1
 
 
-def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
-                 stage: str = "adapter") -> tuple[float, bool]:
+def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str):
+    """services.adapter.app.Adapter writing TOPIC into keyspace.readings, running in a thread of this process;
+    returns (adapter, its thread, the event that stops it)."""
     from services.adapter.app import Adapter
     from services.adapter.mappings import parse_mappings
     from services.adapter.settings import load, parser
@@ -231,13 +220,19 @@ def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspa
     settings = load(parser().parse_args([
         "--kafka-bootstrap", bootstrap, "--cassandra-hosts", "127.0.0.1", "--cassandra-port", str(cql_port),
         "--local-dc", "dc1", "--keyspace", keyspace, "--replication", "dc1:1", "--metrics-port", "0",
-        "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(args.window)]))
+        "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(window)]))
     mappings = parse_mappings(f'[[table]]\ntopics = ["{TOPIC}"]\ntable = "readings"\n'
                               'contract = "temperature-reading"\n')
     stop = threading.Event()
     adapter = Adapter(settings, mappings, stop)
     thread = threading.Thread(target=adapter.run, name="adapter", daemon=True)
     thread.start()
+    return adapter, thread, stop
+
+
+def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
+                 stage: str = "adapter") -> tuple[float, bool]:
+    adapter, thread, stop = _start_adapter(bootstrap, cql_port, args.window, keyspace)
     try:
         # In flight near --window means Cassandra is the limit; far below it, this process's CPU is.
         return _measure(stage, lambda: adapter.written, args.records, args.phase_timeout,
