@@ -217,11 +217,11 @@ def read_kafka(spark: SparkSession, kafka: KafkaSettings, source: Source, whole_
     STARTING_OFFSETS says (whole_topic: from the beginning, for registries; starting: from these offsets,
     {topic: {partition: offset}})."""
     if starting is not None:
-        starting = {"startingOffsets": json.dumps(starting)}
+        first_start = {"startingOffsets": json.dumps(starting)}
     else:
-        starting = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
+        first_start = {"startingOffsets": "earliest"} if whole_topic else kafka.starting_options()
     return (spark.readStream.format("kafka")
-            .options(**kafka.source_options(source.options(), starting))
+            .options(**kafka.source_options(source.options(), first_start))
             .load())
 
 
