@@ -156,7 +156,8 @@ def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         # Each commit writes the batch's changes, not a RocksDB snapshot (snapshots move to the maintenance
         # thread): the state commit fell from about 500 to 320 ms a batch at 1,000 sensors (scripts/bench
-        # spark, docs/operations.md "Benchmarks"). An existing checkpoint takes it (Spark's documentation; not tested here).
+        # spark, docs/operations.md "Benchmarks"). An existing checkpoint takes it (Spark's documentation;
+        # not tested here).
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # 200 state partitions cost seconds per micro-batch on a small site; fixed once checkpointed.
         "spark.sql.shuffle.partitions": "4",
