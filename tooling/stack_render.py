@@ -14,11 +14,13 @@ import yaml
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.filter.core import FilterModule as CoreFilters
+from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
 from ansible.vars.manager import VariableManager
 
 from tooling import pins
 
 REPO = pins.REPO_ROOT
+filters_math = MathFilters().filters()
 
 
 def _plugin(name: str, module_name: str):
@@ -55,12 +57,10 @@ def stack_settings() -> dict:
         "network": jinja2.Template(d["stack_network"]).render(group_vars()),
         "kafka_external_port": d["stack_kafka_external_port"],
         "kafka_operator_user": d["stack_kafka_operator_user"],
-        "mqtt": {"tls_port": d["stack_mqtt_tls_port"], "plaintext_port": d["stack_mqtt_plaintext_port"],
-                 "publish_plaintext": d["stack_mqtt_publish_plaintext"],
-                 "max_inflight_messages": d["stack_mqtt_max_inflight_messages"],
+        "mqtt": {"tls_port": d["stack_mqtt_tls_port"],
                  "max_queued_messages": d["stack_mqtt_max_queued_messages"],
-                 "max_queued_bytes": d["stack_mqtt_max_queued_bytes"],
-                 "autosave_interval": d["stack_mqtt_autosave_interval"]},
+                 "memory_limit": int(filters_math["human_to_bytes"](d["stack_resources"]["mosquitto"]["memory"]) * 0.85),
+                 "device_auth": d["stack_mqtt_device_auth"], "agent_user": d["stack_mqtt_agent_user"]},
         "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
         "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
         "consumer_groups": stack_vars()["__stack_consumer_groups"],
@@ -102,6 +102,7 @@ def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[st
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     pki += ["spark_auth_secret"]
     settings = settings or stack_settings()
+    pki += ["mqtt_device_ca"] if tier == "edge" and settings["mqtt"]["device_auth"] == "certificate" else []
     kafka = [f"kafka_password_{user}" for user in kafka_internal_users(tier, settings)]
     files = filters.stack_files({"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
                                  "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki,
@@ -115,7 +116,7 @@ def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[st
 def kafka_internal_users(tier: str, settings: dict) -> list[str]:
     """The site's Kafka principals on INTERNAL, as vars/main.yml __stack_kafka_internal_users lists them."""
     users = settings["kafka_users"]
-    services = ["bridge", "adapter"] if tier == "edge" else ["adapter", "mirrormaker"]
+    services = ["bridge", "adapter", "mosquitto_agent"] if tier == "edge" else ["adapter", "mirrormaker"]
     return [users["broker"], users["admin"], *(users[s] for s in services),
             *(job["name"] for job in settings["spark"]["jobs"][tier])]
 

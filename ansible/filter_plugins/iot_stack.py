@@ -206,29 +206,45 @@ def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str]
     return sites
 
 
-MQTT_DEVICE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MQTT_DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# The services' MQTT client ids (bridge-<slot>, mosquitto-agent-<slot>): no device id may start like them.
+RESERVED_CLIENT_ID_PREFIXES = ("bridge-", "mosquitto-agent-")
 
 
-def mosquitto_passwd(users: dict, site_alias: str, salt_key: str, iterations: int = 101) -> str:
-    """A Mosquitto 2 password file ($7$: PBKDF2-SHA512, mosquitto_passwd's iterations), stable so
-    reruns change nothing.
+def _mqtt_hash(site_alias: str, user: str, password: str, salt_key: str, iterations: int) -> str:
+    """Mosquitto's $7$ hash (PBKDF2-SHA512), stable so reruns change nothing.
 
-    Each salt is an HMAC, keyed by `salt_key` (random per deployment, kept on the controller by the
-    pki role), of site, user and password: unique per entry and unpredictable without the key, as a
-    random salt is, yet the same on every run (mosquitto_passwd would pick a new one each time,
-    renewing the secret and restarting Mosquitto)."""
+    The salt is an HMAC, keyed by `salt_key` (random per deployment, kept on the controller by the pki
+    role), of site, user and password: unique per entry and unpredictable without the key, as a random
+    salt is, yet the same on every run (a new salt would renew the secret and restart Mosquitto)."""
     if len(str(salt_key)) < 32:
-        _fail("mosquitto_passwd: the salt key must be at least 32 characters (the pki role's password-salt.key)")
-    lines = []
-    for user in sorted(users):
-        password = str(users[user])
-        if ":" in user or not user:
-            _fail(f"mqtt_users: user name {user!r} must be non-empty and contain no ':'")
-        entry = f"{site_alias}:{user}:{password}".encode()
-        salt = hmac.new(str(salt_key).encode(), entry, hashlib.sha256).digest()[:12]
-        digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
-        lines.append(f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}")
+        _fail("mqtt logins: the salt key must be at least 32 characters (the pki role's password-salt.key)")
+    entry = f"{site_alias}:{user}:{password}".encode()
+    salt = hmac.new(str(salt_key).encode(), entry, hashlib.sha256).digest()[:12]
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def mqtt_service_accounts(users: dict, kinds: list, site_alias: str, salt_key: str, iterations: int = 1000) -> str:
+    """The secret mqtt_services that Mosquitto's iot_gate plugin reads: one line per service login on the
+    overlay listener, `<user> <bridge|agent> <client id prefix> <$7$ hash>`. `kinds` lists each service
+    login ({user, kind, prefix}); each must have a password in `users` (stack_mqtt_users)."""
+    lines = ["# MQTT logins of the site's services (iot_gate plugin): user, kind, client-id prefix, hash"]
+    for entry in kinds:
+        user = str(entry["user"])
+        if not user or " " in user or user not in users or not str(users[user]):
+            _fail(f"stack_mqtt_users: the {entry['kind']} login {user!r} needs a password "
+                  "(add it to stack_mqtt_users, kept in ansible-vault)")
+        lines.append(f"{user} {entry['kind']} {entry['prefix']} "
+                     f"{_mqtt_hash(site_alias, user, str(users[user]), salt_key, iterations)}")
     return "\n".join(lines) + "\n"
+
+
+def mqtt_device_hashes(devices: dict, site_alias: str, salt_key: str, iterations: int = 1000) -> dict:
+    """The inventory's devices (id -> password) as id -> $7$ hash, hashed here on the controller with
+    stable salts, so the devices role writes nothing on a rerun and no password leaves the controller."""
+    return {str(device): _mqtt_hash(site_alias, str(device), str(password), salt_key, iterations)
+            for device, password in sorted((devices or {}).items(), key=lambda item: str(item[0]))}
 
 
 _BCRYPT_B64 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
@@ -314,7 +330,7 @@ def service_acls(services: list, relayed_from: list | None = None) -> list[dict]
 
 
 # Kafka principals of the site's own services (ansible/roles/stack/vars/main.yml): no job may take one.
-SERVICE_PRINCIPALS = ("broker", "admin", "bridge", "adapter", "mirrormaker")
+SERVICE_PRINCIPALS = ("broker", "admin", "bridge", "adapter", "mirrormaker", "mosquitto-agent")
 JOB_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}[a-z0-9]$")
 
 
@@ -406,8 +422,12 @@ def mqtt_device_refusals(devices: object, service_users: object) -> list[str]:
     for device in sorted(devices, key=str):
         text = str(device)
         if not MQTT_DEVICE_RE.match(text):
-            refusals.append(f"stack_mqtt_devices: device id {text!r} must be 1-64 letters, digits, '.', '_' or '-' "
+            refusals.append(f"stack_mqtt_devices: device id {text!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                            "starting with a letter or digit "
                             "(it is the MQTT user name and a topic segment: no '/', '+', '#', ':' or spaces)")
+        elif text.startswith(RESERVED_CLIENT_ID_PREFIXES):
+            refusals.append(f"stack_mqtt_devices: device id {text!r} starts like a service's MQTT client id "
+                            f"({', '.join(RESERVED_CLIENT_ID_PREFIXES)}); rename the device")
         elif text in (service_users or {}):
             refusals.append(f"stack_mqtt_devices: device id {text!r} is also in stack_mqtt_users; a device "
                             "needs its own login (rename the device)")
@@ -764,7 +784,7 @@ class FilterModule:
         return {"site_topology": site_topology, "node_labels": node_labels, "node_images": node_images,
                 "site_images": site_images,
                 "external_bootstrap": external_bootstrap, "edge_sites": edge_sites,
-                "mosquitto_passwd": mosquitto_passwd, "pki_servers": pki_servers,
+                "mqtt_service_accounts": mqtt_service_accounts, "mqtt_device_hashes": mqtt_device_hashes, "pki_servers": pki_servers,
                 "registry_htpasswd": registry_htpasswd, "bcrypt_hash": bcrypt_hash,
                 "mqtt_device_refusals": mqtt_device_refusals, "stack_files": stack_files, "unconverged": unconverged,
                 "updating": updating, "replication_short": replication_short, "rolled_back": rolled_back,

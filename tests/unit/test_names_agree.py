@@ -45,10 +45,11 @@ YAML_FILES = [*ROLE_DEFAULTS, *sorted((INVENTORY / "group_vars").rglob("*.yml"))
 
 # Variables that name topics or MQTT topics, each read by `_entries` below.
 TOPIC_VARIABLES = {"topics_edge", "topics_datacenter", "stack_relay_topics", "stack_bridge_rules",
-                   "stack_adapter_tables", "stack_mqtt_device_acl", "stack_mqtt_acl"}
+                   "stack_adapter_tables", "stack_mqtt_device_publish", "stack_mqtt_device_subscribe"}
 # Variables whose name mentions topics or MQTT but which hold no topic name (numbers are never suspect).
 NOT_TOPIC_NAMES = {"topics_network", "topics_image", "topics_kafka_image", "topics_kafka_login", "stack_mqtt_users",
-                   "stack_mqtt_devices", "stack_bridge_mqtt_user"}
+                   "stack_mqtt_devices", "stack_bridge_mqtt_user", "stack_mqtt_agent_user", "stack_mqtt_device_auth",
+                   "stack_mqtt_device_burst", "stack_mqtt_device_max_rate"}
 
 
 def rel(path: Path) -> str:
@@ -64,7 +65,7 @@ def variables(path: Path) -> dict:
 class Entry:
     file: str
     variable: str    # where in the variable, e.g. stack_adapter_tables.edge[0].topics
-    kind: str        # topic | pattern | mqtt-template | mqtt-acl
+    kind: str        # topic | pattern | mqtt-template | mqtt-device
     value: str
     tier: str = ""   # edge | datacenter when the variable is per tier
     relayed: str = ""  # a datacenter pattern's edge topic, rendered only while it is relayed
@@ -93,13 +94,8 @@ def _entries(file: str, name: str, value) -> Iterator[Entry]:
                 if "topic_pattern" in mapping:
                     yield Entry(file, f"{name}.{tier}[{i}].topic_pattern", "pattern", mapping["topic_pattern"], tier,
                                 mapping.get("relayed", ""))
-    elif name == "stack_mqtt_device_acl":
-        for i, line in enumerate(value):
-            yield Entry(file, f"{name}[{i}]", "mqtt-acl", line)
-    elif name == "stack_mqtt_acl":
-        for user, lines in value.items():
-            for i, line in enumerate(lines):
-                yield Entry(file, f"{name}.{user}[{i}]", "mqtt-acl", line)
+    elif name in ("stack_mqtt_device_publish", "stack_mqtt_device_subscribe"):
+        yield Entry(file, name, "mqtt-device", value)
 
 
 def all_entries(*kinds: str) -> list[Entry]:
@@ -227,27 +223,16 @@ def test_bridge_rules_map_mqtt_readings_to_temperature_data(path):
             f"{where}[{i}].kafka_topic = {rule['kafka_topic']!r} is not created by topics_edge"
 
 
-ACL_ENTRIES = all_entries("mqtt-acl")
+DEVICE_TEMPLATES = {"stack_mqtt_device_publish": names.MQTT_READINGS, "stack_mqtt_device_subscribe": names.MQTT_COMMANDS}
+DEVICE_ENTRIES = all_entries("mqtt-device")
 
 
-@pytest.mark.parametrize("entry", ACL_ENTRIES, ids=_ids(ACL_ENTRIES))
-def test_mqtt_acl_filter_is_a_names_template(entry):
-    access, _, pattern = entry.value.partition(" ")
-    allowed = {acl_filter(t) for t in MQTT_TEMPLATES} | {device_acl_filter(t) for t in MQTT_TEMPLATES} | {"#"}
-    assert access in ("read", "write", "readwrite") and pattern in allowed, \
-        f"{entry}: expected '<read|write|readwrite> <filter>' with a filter of {sorted(allowed)}"
-
-
-DEVICE_ACL_FILES = [p for p in YAML_FILES if "stack_mqtt_device_acl" in variables(p)]
-
-
-@pytest.mark.parametrize("path", DEVICE_ACL_FILES, ids=rel)
-@pytest.mark.parametrize("template, access", [(names.MQTT_READINGS, "write"), (names.MQTT_COMMANDS, "read")],
-                         ids=["MQTT_READINGS", "MQTT_COMMANDS"])
-def test_device_acl_grants_names_templates(path, template, access):
-    acl = variables(path)["stack_mqtt_device_acl"]
-    assert f"{access} {device_acl_filter(template)}" in acl, \
-        f"{rel(path)}: stack_mqtt_device_acl = {acl} lacks '{access} {device_acl_filter(template)}'"
+@pytest.mark.parametrize("entry", DEVICE_ENTRIES, ids=_ids(DEVICE_ENTRIES))
+def test_device_topics_are_names_templates(entry):
+    """What a device may publish and subscribe (Mosquitto's iot_gate plugin) is the names.py template,
+    under its own site, with its own login as the device."""
+    assert entry.value == device_acl_filter(DEVICE_TEMPLATES[entry.variable]), \
+        f"{entry}: expected {device_acl_filter(DEVICE_TEMPLATES[entry.variable])!r}"
 
 
 # ------------------------------------------------------------------ the adapter reads topics that exist

@@ -4,13 +4,15 @@ authenticated and encrypted: the stacks rendered for inventory.example, service 
 What each check reads in the stack file is what the images turn into their listeners; the
 integration tests show the images do: tests/integration/test_kafka_security.py (Kafka's EXTERNAL
 listener refuses plaintext, unknown users and wrong passwords) and test_mosquitto_image.py
-(no anonymous MQTT; 8883 refuses clients without TLS, anonymous ones and wrong passwords).
+(no anonymous MQTT; 8883 refuses clients without TLS, anonymous ones, wrong passwords and the services'
+logins).
 docs/security.md lists the same listeners."""
 from __future__ import annotations
 
 import pytest
 
 from tooling.stack_render import REPO, filters, load_inventory, render, stack_settings
+from tooling.testbed.mosquitto import site_config
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
 
@@ -42,24 +44,28 @@ def _kafka_external(service: dict) -> tuple[str, str]:
     return ("SCRAM over SASL_SSL" if tls else ""), ("TLS, the broker's own certificate" if tls else "")
 
 
-def _mosquitto_auth(service: dict) -> str:
-    # The image never allows anonymous clients; the password file is a Swarm secret, and with
-    # per_listener_settings false it applies to every listener.
-    env = service["environment"]
-    return "password file" if env.get("MOSQUITTO_PASSWORD_FILE") and "mosquitto_passwd" in service["secrets"] else ""
+def _listener(config: str, port: int) -> list[str]:
+    """The lines of one `listener <port>` section of a Mosquitto configuration."""
+    lines, inside = [], False
+    for line in config.splitlines():
+        if line.startswith("listener "):
+            inside = line.split()[1] == str(port)
+        elif inside and line and not line.startswith("#"):
+            lines.append(line)
+    return lines
 
 
 def _mosquitto_tls(service: dict) -> tuple[str, str]:
-    # The entrypoint opens 8883 with TLS only when it has the certificate and key (Swarm secrets).
-    env = service["environment"]
-    tls = env.get("MOSQUITTO_TLS_CERT_FILE") == "/run/secrets/mosquitto_tls_cert" and \
-        env.get("MOSQUITTO_TLS_KEY_FILE") == "/run/secrets/mosquitto_tls_key" and \
-        {"mosquitto_tls_cert", "mosquitto_tls_key"} <= set(service["secrets"])
-    return _mosquitto_auth(service), ("TLS, the site's Mosquitto certificate" if tls else "")
-
-
-def _mosquitto_plain(service: dict) -> tuple[str, str]:
-    return _mosquitto_auth(service), ""      # 1883 is plain MQTT: published only on request
+    # The service runs the configuration the stack role renders (mosquitto.conf.j2, a Swarm config): on
+    # 8883 anonymous clients are refused and the iot_gate plugin takes the device logins; TLS with the
+    # site's certificate (Swarm secrets). test_mosquitto_image.py shows the image does what it says.
+    mounted = {"source": "mosquitto_config", "target": "/etc/mosquitto/mosquitto.conf", "mode": 292} \
+        in service["configs"] and service["environment"]["MOSQUITTO_CONFIG"] == "/etc/mosquitto/mosquitto.conf"
+    section = _listener(site_config("site-a"), 8883) if mounted else []
+    auth = "allow_anonymous false" in section and "plugin_opt_role devices" in section
+    tls = {"certfile /run/secrets/mosquitto_tls_cert", "keyfile /run/secrets/mosquitto_tls_key"} <= set(section) \
+        and {"mosquitto_tls_cert", "mosquitto_tls_key"} <= set(service["secrets"])
+    return ("device logins (iot_gate plugin)" if auth else ""), ("TLS, the site's Mosquitto certificate" if tls else "")
 
 
 def _prometheus(service: dict) -> tuple[str, str]:
@@ -73,8 +79,7 @@ def _prometheus(service: dict) -> tuple[str, str]:
     return ("basic auth (bcrypt)" if web else ""), ("TLS, the site's Prometheus certificate" if tls else "")
 
 
-CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 1883): _mosquitto_plain,
-          ("mosquitto", 8883): _mosquitto_tls, ("prometheus", 9090): _prometheus}
+CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 8883): _mosquitto_tls, ("prometheus", 9090): _prometheus}
 
 
 def _check(service_name: str, target: int):
@@ -106,12 +111,9 @@ def test_published_port_is_encrypted(site, name, service, target):
     assert tls, f"{site}: {name} publishes port {target} without TLS"
 
 
-def test_plain_mqtt_is_published_only_when_the_inventory_asks():
+def test_the_services_mqtt_listener_is_never_published():
+    """1883 takes the bridge's and mosquitto-agent's logins on the overlay network only."""
     hostvars, groups = load_inventory(REPO / "inventory.example")
     topology = filters.site_topology(hostvars, groups["site_a"], "site-a", "edge")
-    settings = stack_settings()
-    published = {p["target"] for p in render("edge", topology, settings)["services"]["mosquitto"]["ports"]}
+    published = {p["target"] for p in render("edge", topology, stack_settings())["services"]["mosquitto"]["ports"]}
     assert published == {8883}
-    settings["mqtt"] = {**settings["mqtt"], "publish_plaintext": True}
-    published = {p["published"] for p in render("edge", topology, settings)["services"]["mosquitto"]["ports"]}
-    assert published == {settings["mqtt"]["tls_port"], settings["mqtt"]["plaintext_port"]}

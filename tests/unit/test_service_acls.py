@@ -22,7 +22,9 @@ def test_edge_services_may_do_what_they_do_and_nothing_else():
     acls = filters.service_acls(_services("site_a", "edge"))
     assert _granted(acls, "bridge") == {
         ("topic", "temperature-data", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
-        ("topic", "device-commands", "literal", "READ"), ("group", "site-a-bridge-commands", "literal", "READ")}
+        ("topic", "device-commands", "literal", "READ"), ("topic", "sensor-registration", "literal", "READ"),
+        ("group", "site-a-bridge-commands", "literal", "READ")}
+    assert _granted(acls, "mosquitto-agent") == {("topic", "device-credentials", "literal", "READ")}
     assert _granted(acls, "adapter") == {
         *(("topic", t, "literal", "READ") for t in ("temperature-data", "temperature-threshold-events",
                                                      "temperature-rollups-1m", "device-registration",
@@ -38,7 +40,7 @@ def test_edge_services_may_do_what_they_do_and_nothing_else():
     # Nobody at a site may administer it or touch every topic: no ALL, no cluster operation, no wildcard.
     assert not [a for a in acls if a["operation"] == "ALL" or a["resource"] == "cluster" or a["name"] == "*"]
     assert {a["principal"] for a in acls} == {"User:bridge", "User:adapter", "User:threshold-detector",
-                                              "User:rollups"}
+                                              "User:rollups", "User:mosquitto-agent"}
 
 
 def test_datacenter_consumers_read_each_sites_relayed_topics_and_mirrormaker_owns_what_it_relays():
@@ -87,7 +89,7 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
         clients = {name: service for name, service in services.items()
                    if any(key.endswith("BOOTSTRAP") or key.endswith("BOOTSTRAP_SERVERS")
                           for key in service.get("environment", {}))}
-        assert len(clients) == (4 if tier == "edge" else 2), sorted(clients)   # bridge, adapter, the jobs
+        assert len(clients) == (5 if tier == "edge" else 2), sorted(clients)   # bridge, adapter, agent, jobs
         users = []
         for name, service in clients.items():
             user = service["environment"]["KAFKA_USERNAME"]

@@ -73,17 +73,31 @@ def test_node_labels_and_images_follow_the_host_variables():
                                                              "services", "spark"]
 
 
-def test_mosquitto_password_file_is_stable_and_salted_per_user_with_the_deployments_key():
+def test_the_mqtt_services_logins_are_stable_and_salted_per_user_with_the_deployments_key():
     key, other_key = "k" * 43, "o" * 43
-    first = filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", key)
-    assert first == filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", key)
-    assert first != filters.mosquitto_passwd({"bridge": "pw", "device": "pw"}, "site-a", other_key)
+    users = {"bridge": "pw", "mosquitto-agent": "pw"}
+    kinds = [{"user": "bridge", "kind": "bridge", "prefix": "bridge-"},
+             {"user": "mosquitto-agent", "kind": "agent", "prefix": "mosquitto-agent-"}]
+    first = filters.mqtt_service_accounts(users, kinds, "site-a", key)
+    assert first == filters.mqtt_service_accounts(users, kinds, "site-a", key)
+    assert first != filters.mqtt_service_accounts(users, kinds, "site-a", other_key)
     with pytest.raises(Exception, match="salt key must be at least 32 characters"):
-        filters.mosquitto_passwd({"bridge": "pw"}, "site-a", "short")
-    lines = first.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["bridge", "device"]
-    assert lines[0].split(":")[1] != lines[1].split(":")[1], "same password must not give the same hash"
-    assert lines[0].split(":")[1].startswith("$7$101$")
+        filters.mqtt_service_accounts(users, kinds, "site-a", "short")
+    with pytest.raises(Exception, match="the agent login 'mosquitto-agent' needs a password"):
+        filters.mqtt_service_accounts({"bridge": "pw"}, kinds, "site-a", key)
+    lines = [line.split() for line in first.splitlines() if not line.startswith("#")]
+    assert [line[:3] for line in lines] == [["bridge", "bridge", "bridge-"], ["mosquitto-agent", "agent",
+                                                                            "mosquitto-agent-"]]
+    assert lines[0][3] != lines[1][3], "same password must not give the same hash"
+    assert lines[0][3].startswith("$7$1000$")
+
+
+def test_inventory_devices_hash_stably_and_never_alike():
+    key = "k" * 43
+    hashes = filters.mqtt_device_hashes({"press-1": "pw-one-long-enough", "press-2": "pw-one-long-enough"}, "site-a", key)
+    assert hashes == filters.mqtt_device_hashes({"press-2": "pw-one-long-enough", "press-1": "pw-one-long-enough"},
+                                                "site-a", key)
+    assert hashes["press-1"] != hashes["press-2"] and hashes["press-1"].startswith("$7$1000$")
 
 
 def _services(stack):
@@ -141,8 +155,9 @@ def test_datacenter_runs_mirrormaker_and_no_mqtt(example):
 def test_config_and_secret_names_carry_a_content_hash(example):
     hostvars, groups = example
     stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
-    assert stack["secrets"]["mosquitto_passwd"]["name"].startswith("site-a_mosquitto_passwd_")
-    assert len(stack["secrets"]["mosquitto_passwd"]["name"].rsplit("_", 1)[1]) == 12
+    assert stack["secrets"]["mqtt_services"]["name"].startswith("site-a_mqtt_services_")
+    assert len(stack["secrets"]["mqtt_services"]["name"].rsplit("_", 1)[1]) == 12
+    assert stack["configs"]["mosquitto_config"]["name"].startswith("site-a_mosquitto_config_")
 
 
 def test_adding_a_broker_leaves_the_other_brokers_spec_alone():
