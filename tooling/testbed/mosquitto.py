@@ -1,41 +1,66 @@
-"""A Mosquitto from the image, configured as a site's: the TLS listener for devices (8883) with a
-certificate from a test CA, the plain one (1883) the bridge uses on the overlay, the password file
-the stack role's filter writes and the ACL its template renders for the site."""
+"""A Mosquitto from the image, configured as a site's: the configuration the stack role renders
+(ansible/roles/stack/templates/mosquitto.conf.j2), the services' accounts the role writes, a device table
+as mosquitto-agent would leave it on the volume, and a TLS certificate from a test CA."""
 from __future__ import annotations
 
-import importlib.util
-import re
-import secrets as random_secrets
+import time
 from pathlib import Path
 
 import jinja2
+import paho.mqtt.client as mqtt
 import yaml
+from ansible.plugins.filter.core import FilterModule as CoreFilters
+from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from services.tools.devices import hash_password
 from tooling.testbed.docker_lab import Lab, free_port, wait_until
 from tooling.testbed.kafka_cluster import make_pki
 
 REPO = Path(__file__).resolve().parents[2]
+BRIDGE_USER, AGENT_USER = "bridge", "mosquitto-agent"
 
 
-def site_acl(site: str) -> str:
-    """ansible/roles/stack/templates/mosquitto-acl.j2 with the stack role's defaults, for `site`."""
+def site_config(site: str, **overrides: object) -> str:
+    """mosquitto.conf.j2 with the stack role's defaults for `site`; `overrides` replace role variables
+    (e.g. stack_mqtt_device_max_rate=0)."""
     defaults = yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+    variables = {k: jinja2.Template(v).render(iot_site_alias=site) if isinstance(v, str) else v
+                 for k, v in defaults.items() if k.startswith(("stack_mqtt_", "stack_resources"))}
+    variables.update(overrides)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "ansible/roles/stack/templates"),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True)
-    env.filters["comment"] = lambda text: f"# {text}"
-    device_acl = [jinja2.Template(rule).render(iot_site_alias=site) for rule in defaults["stack_mqtt_device_acl"]]
-    return env.get_template("mosquitto-acl.j2").render(
-        ansible_managed="test", stack_mqtt_device_acl=device_acl, stack_mqtt_acl=defaults["stack_mqtt_acl"])
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    for module in (CoreFilters(), MathFilters()):
+        env.filters.update(module.filters())
+        env.filters.update({f"ansible.builtin.{name}": f for name, f in module.filters().items()})
+    # The role's own derived value (vars/main.yml), rendered from its expression there.
+    role_vars = yaml.safe_load((REPO / "ansible/roles/stack/vars/main.yml").read_text())
+    variables["__stack_mqtt_memory_limit"] = env.from_string(role_vars["__stack_mqtt_memory_limit"]).render(variables)
+    return env.get_template("mosquitto.conf.j2").render(ansible_managed="test", iot_site_alias=site, **variables)
 
 
-TLS_ENV = {"MOSQUITTO_TLS_CERT_FILE": "/run/secrets/mosquitto_tls_cert",
-           "MOSQUITTO_TLS_KEY_FILE": "/run/secrets/mosquitto_tls_key"}
+def services_accounts(bridge_password: str, agent_password: str) -> str:
+    """The secret mqtt_services as the stack role writes it: the bridge and mosquitto-agent, each bound
+    to its client-id prefix."""
+    return (f"{BRIDGE_USER} bridge bridge- {hash_password(bridge_password, iterations=10)}\n"
+            f"{AGENT_USER} agent mosquitto-agent- {hash_password(agent_password, iterations=10)}\n")
+
+
+def device_table(devices: dict[str, str | None]) -> str:
+    """The plugin's device table (what mosquitto-agent leaves on the volume): device id -> password, or
+    None for a device that logs in with a client certificate."""
+    lines = [f"{device} 1 password {hash_password(password, iterations=10)}" if password is not None
+             else f"{device} 1 certificate -" for device, password in devices.items()]
+    return "# iot-gate devices v1\n" + "\n".join(lines) + "\n"
+
+
+TLS_ENV: dict[str, str] = {}      # the configuration names its TLS files: nothing to set
 
 
 def tls_files(secrets: Path, name: str) -> Path:
     """A test CA and Mosquitto's certificate (naming 127.0.0.1 and `name`) in `secrets`, as the pki role
-    hands them over: mosquitto_tls_cert (certificate, CA) and mosquitto_tls_key; with TLS_ENV the image
-    opens 8883. Returns the CA file (ca.crt, in `secrets` too)."""
+    hands them over: mosquitto_tls_cert (certificate, CA) and mosquitto_tls_key. Returns the CA file."""
+    import re
     ca = make_pki(secrets, name)
     blocks = re.findall(r"-----BEGIN [^-]+-----.+?-----END [^-]+-----\n", (secrets / "keystore.pem").read_text(),
                         re.DOTALL)
@@ -46,26 +71,67 @@ def tls_files(secrets: Path, name: str) -> Path:
     return ca
 
 
-def start_site_mosquitto(lab: Lab, secrets: Path, users: dict[str, str], site: str,
-                         name: str = "mosquitto") -> dict:
-    """Start it; returns {"tls": host port of 8883, "plain": host port of 1883, "ca": the CA file}.
-    Its certificate names 127.0.0.1 and `name` (its DNS name on the lab's network)."""
-    # The stack role's filter writes the password file as the role deploys it.
-    spec = importlib.util.spec_from_file_location("iot_stack_filters", REPO / "ansible/filter_plugins/iot_stack.py")
-    iot_stack = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(iot_stack)
+def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], site: str, bridge_password: str,
+                         agent_password: str = "agent-password-for-tests", name: str = "mosquitto",
+                         open_gate: bool = True, memory: str = "256m", device_ca: str | None = None,
+                         **config: object) -> dict:
+    """Start it; returns {"tls": host port of 8883, "plain": host port of 1883, "ca": the CA file,
+    "data": its volume's folder}. Its certificate names 127.0.0.1 and `name`. With `open_gate`, a bridge
+    login subscribes once so devices are let in, as the bridge does after every start."""
+    secrets, data = work / "secrets", work / "data"
+    secrets.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
     ca = tls_files(secrets, name)
-    (secrets / "mosquitto_passwd").write_text(iot_stack.mosquitto_passwd(users, site, random_secrets.token_urlsafe(32)))
-    (secrets / "acl").write_text(site_acl(site))
+    (secrets / "mqtt_services").write_text(services_accounts(bridge_password, agent_password))
+    (secrets / "mosquitto.conf").write_text(site_config(site, **config))
+    (data / "iot-devices").write_text(device_table(devices))
+    if device_ca:                        # stack_mqtt_device_auth: certificate
+        (secrets / "mqtt_device_ca").write_text(device_ca)
     for path in secrets.iterdir():
         path.chmod(0o644)                # the container's uid 1000 reads them (test secrets only)
+    data.chmod(0o777)
+    (data / "iot-devices").chmod(0o666)
     tls, plain = free_port(), free_port()
-    lab.run("mosquitto", name, ports={tls: 8883, plain: 1883}, volumes={str(secrets): "/run/secrets:ro"},
-            env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/mosquitto_passwd", "MOSQUITTO_ACL_FILE": "/run/secrets/acl",
-                 **TLS_ENV}, memory="256m")
-    user, password = next(iter(users.items()))
-    wait_until("mosquitto's TLS listener",
-               lambda: lab.exec(name, "mosquitto_sub", "-p", "8883", "--cafile", "/run/secrets/ca.crt",
-                                "-h", name, "-u", user, "-P", password, "-t", "x", "-W", "1").returncode in (0, 27),
-               timeout=60, on_timeout=lambda: lab.logs(name))
-    return {"tls": tls, "plain": plain, "ca": ca}
+    lab.run("mosquitto", name, ports={tls: 8883, plain: 1883},
+            volumes={str(secrets): "/run/secrets:ro", str(data): "/var/lib/mosquitto"},
+            env={"MOSQUITTO_CONFIG": "/run/secrets/mosquitto.conf"}, memory=memory)
+    broker = {"tls": tls, "plain": plain, "ca": ca, "data": data, "bridge_password": bridge_password,
+              "agent_password": agent_password}
+    wait_until("mosquitto's services listener", lambda: bridge_login(plain, bridge_password) == 0, timeout=60,
+               on_timeout=lambda: lab.logs(name))
+    if open_gate:
+        open_device_gate(plain, bridge_password)
+    return broker
+
+
+def bridge_login(port: int, password: str, subscribe: str | None = None, host: str = "127.0.0.1") -> int | None:
+    """Log in as the bridge (client id bridge-probe, clean start) and optionally subscribe; returns the
+    CONNACK reason code, None when nothing answered."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bridge-probe", protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(BRIDGE_USER, password)
+    result: dict[str, int] = {}
+    client.on_connect = lambda _c, _u, _f, rc, _p: result.setdefault("connack", rc.value)
+    client.on_subscribe = lambda _c, _u, _m, rcs, _p: result.setdefault("suback", rcs[0].value)
+    try:
+        client.connect(host, port, keepalive=5, clean_start=True)
+    except OSError:
+        return None
+    client.loop_start()
+    try:
+        deadline = time.monotonic() + 5
+        while "connack" not in result and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if subscribe and result.get("connack") == 0:
+            client.subscribe(subscribe, qos=1)
+            while "suback" not in result and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return result.get("connack")
+
+
+def open_device_gate(port: int, bridge_password: str) -> None:
+    """What the bridge's first SUBSCRIBE after a Mosquitto start does: devices are let in from then on.
+    A clean-start session with a topic no device writes, so nothing queues for it."""
+    assert bridge_login(port, bridge_password, subscribe="testbed/gate") == 0

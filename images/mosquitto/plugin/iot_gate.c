@@ -32,9 +32,16 @@
 #define MAX_ID 64
 #define MAX_DIGEST 64
 #define MAX_SALT 64
-#define RECENT_LIMITED 20
+#define OFFENDERS 50                 /* devices whose offences the stats name (the most recent ones) */
+#define RECONNECTS_PER_MINUTE 10     /* more connections of one device in a minute are an offence */
 
 enum role { ROLE_SERVICES, ROLE_DEVICES };
+
+/* What a known device did that it must not; each named in the stats, per device (docs/security.md). */
+enum offence { OFF_WRONG_PASSWORD, OFF_DISABLED, OFF_CLIENT_ID, OFF_CERTIFICATE, OFF_SUBSCRIBE, OFF_PUBLISH,
+	OFF_RATE, OFF_DUPLICATE, OFF_RECONNECTING, OFF_COUNT };
+static const char *OFFENCE_NAMES[OFF_COUNT] = {"wrong_password", "disabled_device_login", "client_id_not_device_id",
+	"no_certificate", "subscribe_denied", "publish_denied", "rate_limited", "duplicate_login", "reconnecting"};
 enum kind { KIND_BRIDGE, KIND_AGENT };
 
 struct instance {
@@ -60,6 +67,9 @@ struct device {
 	double tokens;                 /* publish rate: token bucket */
 	double refilled_at;
 	unsigned long rate_limited;
+	int connections;               /* open connections with its login (more than one: someone else has it) */
+	double minute_start;           /* connections in the current minute, to tell a reconnecting loop */
+	int minute_connects;
 	UT_hash_handle hh;
 };
 
@@ -71,9 +81,10 @@ struct account {
 	struct account *next;
 };
 
-struct recent {                    /* devices most recently rate-limited, for the stats */
+struct offender {
 	char id[MAX_ID + 1];
-	unsigned long count;
+	unsigned long count[OFF_COUNT];
+	unsigned long seen;            /* g.offences when last seen: the least recent one makes room */
 };
 
 static struct {
@@ -90,9 +101,9 @@ static struct {
 	bool gate_open;
 	time_t started;
 	double last_gate_log;
-	struct recent recent[RECENT_LIMITED];
-	unsigned long auth_ok, auth_refused, gate_refused, acl_denied_publish, acl_denied_subscribe,
-		rate_limited, control, kicked;
+	struct offender offenders[OFFENDERS];
+	unsigned long auth_ok, auth_refused, unknown_device, gate_refused, acl_denied_publish, acl_denied_subscribe,
+		rate_limited, control, kicked, offences;
 	int instances;
 } g;
 
@@ -254,6 +265,34 @@ static struct device *parse_device(const char *line, const char **why)
 	return d;
 }
 
+/* What a device's entry keeps when it is replaced: its rate, its connections. */
+static void carry_state(const struct device *from, struct device *to)
+{
+	to->tokens = from->tokens;
+	to->refilled_at = from->refilled_at;
+	to->rate_limited = from->rate_limited;
+	to->connections = from->connections;
+	to->minute_start = from->minute_start;
+	to->minute_connects = from->minute_connects;
+}
+
+static void offend(const char *id, enum offence what)
+{
+	int slot = 0;
+	for(int i = 0; i < OFFENDERS; i++){
+		if(!strcmp(g.offenders[i].id, id)){
+			slot = i;
+			goto found;
+		}
+		if(g.offenders[i].seen < g.offenders[slot].seen) slot = i;
+	}
+	memset(&g.offenders[slot], 0, sizeof(g.offenders[slot]));
+	strcpy(g.offenders[slot].id, id);
+found:
+	g.offenders[slot].count[what]++;
+	g.offenders[slot].seen = ++g.offences;
+}
+
 /* Adds or replaces; returns true when a connected device must be kicked (removed, disabled, new secret). */
 static bool put_device(struct device **table, struct device *d)
 {
@@ -262,9 +301,7 @@ static bool put_device(struct device **table, struct device *d)
 	bool kick = false;
 	if(old){
 		kick = !d->enabled || strcmp(old->line, d->line) != 0;
-		d->tokens = old->tokens;
-		d->refilled_at = old->refilled_at;
-		d->rate_limited = old->rate_limited;
+		carry_state(old, d);
 		HASH_DEL(*table, old);
 		free_device(old);
 	}
@@ -417,32 +454,53 @@ static int device_auth(struct mosquitto_evt_basic_auth *ed)
 	}
 	struct device *d = NULL;
 	if(user) HASH_FIND_STR(g.devices, user, d);
-	const char *why = NULL;
 	const char *client_id = mosquitto_client_id(ed->client);
-	if(!user){
-		why = "no user name";
-	}else if(!d){
+	enum offence what = OFF_COUNT;
+	const char *why = NULL;
+	if(!user || !d || reserved_id(user)){
 		why = "unknown device";
+		g.unknown_device++;
+	}else if(d->certificate ? !certificate_names(ed->client, user)
+			: (!secret_matches(&d->secret, ed->password)
+			   || (has_certificate(ed->client) && !certificate_names(ed->client, user)))){
+		why = d->certificate ? "no client certificate naming the device" : "wrong password";
+		what = d->certificate ? OFF_CERTIFICATE : OFF_WRONG_PASSWORD;
 	}else if(!d->enabled){
 		why = "device disabled";
-	}else if(reserved_id(user)){
-		why = "a service's client id";
+		what = OFF_DISABLED;
 	}else if(!client_id || strcmp(client_id, user)){
+		/* Its own credentials under another client id: trying to take another client's session over. */
 		why = "client id is not the device id";
-	}else if(d->certificate && !certificate_names(ed->client, user)){
-		why = "no client certificate naming the device";
-	}else if(!d->certificate && !secret_matches(&d->secret, ed->password)){
-		why = "wrong password";
-	}else if(!d->certificate && has_certificate(ed->client) && !certificate_names(ed->client, user)){
-		why = "client certificate of another device";
+		what = OFF_CLIENT_ID;
 	}
 	if(why){
 		g.auth_refused++;
-		mosquitto_log_printf(MOSQ_LOG_NOTICE, "iot_gate: device login refused (%s): %s from %s", why,
-				user ? user : "-", mosquitto_client_address(ed->client));
+		if(what != OFF_COUNT) offend(user, what);
+		mosquitto_log_printf(MOSQ_LOG_NOTICE, "iot_gate: device login refused (%s): %s (client id %s) from %s", why,
+				user ? user : "-", client_id ? client_id : "-", mosquitto_client_address(ed->client));
 		return MOSQ_ERR_AUTH;
 	}
 	g.auth_ok++;
+	double t = now_s();
+	if(t - d->minute_start > 60.0){
+		d->minute_start = t;
+		d->minute_connects = 0;
+	}
+	if(++d->minute_connects > RECONNECTS_PER_MINUTE) offend(d->id, OFF_RECONNECTING);
+	if(d->connections > 0) offend(d->id, OFF_DUPLICATE);      /* its login is in use: someone else has it */
+	d->connections++;
+	return MOSQ_ERR_SUCCESS;
+}
+
+static int on_disconnect(int event, void *event_data, void *userdata)
+{
+	(void)event;
+	(void)userdata;
+	struct mosquitto_evt_disconnect *ed = event_data;
+	const char *user = mosquitto_client_username(ed->client);
+	struct device *d = NULL;
+	if(user) HASH_FIND_STR(g.devices, user, d);
+	if(d && d->connections > 0) d->connections--;
 	return MOSQ_ERR_SUCCESS;
 }
 
@@ -469,21 +527,6 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 
 /* ------------------------------------------------------------------ access control */
 
-static void remember_limited(const char *id)
-{
-	int free_slot = -1;
-	for(int i = 0; i < RECENT_LIMITED; i++){
-		if(!strcmp(g.recent[i].id, id)){
-			g.recent[i].count++;
-			return;
-		}
-		if(g.recent[i].id[0] == '\0' && free_slot < 0) free_slot = i;
-	}
-	int slot = free_slot >= 0 ? free_slot : (int)(g.rate_limited % RECENT_LIMITED);
-	strcpy(g.recent[slot].id, id);
-	g.recent[slot].count = 1;
-}
-
 static bool within_rate(struct device *d)
 {
 	if(g.rate <= 0) return true;
@@ -497,7 +540,7 @@ static bool within_rate(struct device *d)
 	}
 	d->rate_limited++;
 	g.rate_limited++;
-	remember_limited(d->id);
+	offend(d->id, OFF_RATE);
 	if(d->rate_limited == 1 || d->rate_limited % 1000 == 0){
 		mosquitto_log_printf(MOSQ_LOG_WARNING, "iot_gate: device %s publishes faster than %.0f/s (burst %.0f): "
 				"disconnected without PUBACK, %lu times so far (it resends; fix the device or raise "
@@ -523,6 +566,7 @@ static int device_acl(struct mosquitto_evt_acl_check *ed)
 				return MOSQ_ERR_SUCCESS;
 			}
 			g.acl_denied_subscribe++;
+			offend(d->id, OFF_SUBSCRIBE);
 			return MOSQ_ERR_ACL_DENIED;
 		case MOSQ_ACL_UNSUBSCRIBE:
 			return MOSQ_ERR_SUCCESS;
@@ -533,6 +577,7 @@ static int device_acl(struct mosquitto_evt_acl_check *ed)
 			if(ed->retain || !expand(g.publish_template, user, own, sizeof(own))
 					|| mosquitto_topic_matches_sub(own, ed->topic, &match) != MOSQ_ERR_SUCCESS || !match){
 				g.acl_denied_publish++;
+				offend(d->id, OFF_PUBLISH);
 				return MOSQ_ERR_ACL_DENIED;
 			}
 			/* Over its rate: any error but ACL_DENIED makes Mosquitto close the connection without a
@@ -584,24 +629,32 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 
 static void respond(struct mosquitto *client, bool ok, const char *command, const char *error)
 {
-	char body[4096];
-	int n = snprintf(body, sizeof(body),
+	static char body[32768];
+	size_t size = sizeof(body) - 16;
+	int n = snprintf(body, size,
 			"{\"ok\":%s,\"command\":\"%s\",\"error\":\"%s\",\"devices\":%u,\"gate_open\":%s,\"uptime_s\":%.0f,"
-			"\"kicked\":%lu,\"counters\":{\"auth_ok\":%lu,\"auth_refused\":%lu,\"gate_refused\":%lu,"
-			"\"acl_denied_publish\":%lu,\"acl_denied_subscribe\":%lu,\"rate_limited\":%lu,\"control\":%lu},"
-			"\"rate_limited_devices\":{",
+			"\"kicked\":%lu,\"counters\":{\"auth_ok\":%lu,\"auth_refused\":%lu,\"unknown_device\":%lu,"
+			"\"gate_refused\":%lu,\"acl_denied_publish\":%lu,\"acl_denied_subscribe\":%lu,\"rate_limited\":%lu,"
+			"\"control\":%lu},\"offences\":{",
 			ok ? "true" : "false", command, error ? error : "", HASH_COUNT(g.devices),
 			g.gate_open ? "true" : "false", difftime(time(NULL), g.started), g.kicked, g.auth_ok,
-			g.auth_refused, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe, g.rate_limited,
-			g.control);
+			g.auth_refused, g.unknown_device, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe,
+			g.rate_limited, g.control);
 	bool first = true;
-	for(int i = 0; i < RECENT_LIMITED && n > 0 && n < (int)sizeof(body) - 100; i++){
-		if(g.recent[i].id[0] == '\0') continue;
-		n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"%s\":%lu", first ? "" : ",", g.recent[i].id,
-				g.recent[i].count);
+	for(int i = 0; i < OFFENDERS && n > 0 && (size_t)n < size - 400; i++){
+		if(g.offenders[i].id[0] == '\0') continue;
+		n += snprintf(body + n, size - (size_t)n, "%s\"%s\":{", first ? "" : ",", g.offenders[i].id);
+		bool inner = true;
+		for(int k = 0; k < OFF_COUNT; k++){
+			if(!g.offenders[i].count[k]) continue;
+			n += snprintf(body + n, size - (size_t)n, "%s\"%s\":%lu", inner ? "" : ",", OFFENCE_NAMES[k],
+					g.offenders[i].count[k]);
+			inner = false;
+		}
+		n += snprintf(body + n, size - (size_t)n, "}");
 		first = false;
 	}
-	if(n > 0 && n < (int)sizeof(body) - 3){
+	if(n > 0 && (size_t)n < size){
 		n += snprintf(body + n, sizeof(body) - (size_t)n, "}}");
 		mosquitto_broker_publish_copy(mosquitto_client_id(client), RESPONSE_TOPIC, n, body, 1, false, NULL);
 	}
@@ -628,11 +681,7 @@ static void keep_rates(struct device *old, struct device *table)
 	HASH_ITER(hh, table, d, tmp){
 		prev = NULL;
 		HASH_FIND_STR(old, d->id, prev);
-		if(prev){
-			d->tokens = prev->tokens;
-			d->refilled_at = prev->refilled_at;
-			d->rate_limited = prev->rate_limited;
-		}
+		if(prev) carry_state(prev, d);
 	}
 }
 
@@ -806,6 +855,8 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata, st
 		g.burst = burst ? atof(burst) : (g.rate > 0 ? g.rate : 1.0);
 		if(g.burst < 1.0) g.burst = 1.0;
 		load_devices();
+		rc = mosquitto_callback_register(identifier, MOSQ_EVT_DISCONNECT, on_disconnect, NULL, inst);
+		if(rc) return rc;
 		mosquitto_log_printf(MOSQ_LOG_NOTICE, "iot_gate: devices publish to %s, subscribe to %s, at most %.0f "
 				"readings/s each (burst %.0f); device logins wait for the bridge's subscription",
 				g.publish_template, g.subscribe_template, g.rate, g.burst);
@@ -825,6 +876,8 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 		mosquitto_callback_unregister(inst->id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
 		if(inst->role == ROLE_SERVICES){
 			mosquitto_callback_unregister(inst->id, MOSQ_EVT_CONTROL, on_control, CONTROL_TOPIC);
+		}else{
+			mosquitto_callback_unregister(inst->id, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
 		}
 		free(inst);
 	}
