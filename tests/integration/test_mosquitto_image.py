@@ -143,20 +143,31 @@ def test_a_client_without_a_valid_login_is_refused(broker, port_kind, username, 
         session.close()
 
 
+def _offences(broker: dict, login: str) -> dict[str, int]:
+    agent = Agent(broker)
+    try:
+        return agent.send("stats")["offences"].get(login, {})
+    finally:
+        agent.close()
+
+
 def test_a_device_login_is_refused_on_the_services_listener(broker):
     session = Session(broker, DEVICE, port_kind="plain", client_id="bridge-7")
     try:
         assert session.connected() == (0x87, False)
     finally:
         session.close()
+    assert _offences(broker, DEVICE).get("device_login_on_services_listener", 0) >= 1
 
 
 def test_the_bridges_login_is_refused_on_the_device_listener(broker):
+    """A leaked bridge password tried from the factory network: refused, and named."""
     session = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "tls", client_id="bridge-7")
     try:
         assert session.connected() == (0x87, False)
     finally:
         session.close()
+    assert _offences(broker, BRIDGE_USER).get("service_login_on_device_listener", 0) >= 1
 
 
 @pytest.mark.parametrize("user, password, client_id", [(BRIDGE_USER, BRIDGE_PASSWORD, "site-a-press-1"),

@@ -37,11 +37,12 @@
 
 enum role { ROLE_SERVICES, ROLE_DEVICES };
 
-/* What a known device did that it must not; each named in the stats, per device (docs/security.md). */
+/* What a known login did that it must not; each named in the stats, per login (docs/security.md). */
 enum offence { OFF_WRONG_PASSWORD, OFF_DISABLED, OFF_CLIENT_ID, OFF_CERTIFICATE, OFF_SUBSCRIBE, OFF_PUBLISH,
-	OFF_RATE, OFF_DUPLICATE, OFF_RECONNECTING, OFF_COUNT };
+	OFF_RATE, OFF_DUPLICATE, OFF_RECONNECTING, OFF_SERVICE_ON_DEVICES, OFF_DEVICE_ON_SERVICES, OFF_COUNT };
 static const char *OFFENCE_NAMES[OFF_COUNT] = {"wrong_password", "disabled_device_login", "client_id_not_device_id",
-	"no_certificate", "subscribe_denied", "publish_denied", "rate_limited", "duplicate_login", "reconnecting"};
+	"no_certificate", "subscribe_denied", "publish_denied", "rate_limited", "duplicate_login", "reconnecting",
+	"service_login_on_device_listener", "device_login_on_services_listener"};
 enum kind { KIND_BRIDGE, KIND_AGENT };
 
 struct instance {
@@ -457,7 +458,10 @@ static int device_auth(struct mosquitto_evt_basic_auth *ed)
 	const char *client_id = mosquitto_client_id(ed->client);
 	enum offence what = OFF_COUNT;
 	const char *why = NULL;
-	if(!user || !d || reserved_id(user)){
+	if(user && find_account(user)){
+		why = "a service's login on the device listener";
+		what = OFF_SERVICE_ON_DEVICES;
+	}else if(!user || !d || reserved_id(user)){
 		why = "unknown device";
 		g.unknown_device++;
 	}else if(d->certificate ? !certificate_names(ed->client, user)
@@ -510,6 +514,9 @@ static int services_auth(struct mosquitto_evt_basic_auth *ed)
 	const char *client_id = mosquitto_client_id(ed->client);
 	if(!a || !client_id || !starts_with(client_id, a->prefix) || !secret_matches(&a->secret, ed->password)){
 		g.auth_refused++;
+		struct device *d = NULL;
+		if(!a && ed->username) HASH_FIND_STR(g.devices, ed->username, d);
+		if(d) offend(d->id, OFF_DEVICE_ON_SERVICES);
 		mosquitto_log_printf(MOSQ_LOG_NOTICE, "iot_gate: service login refused: %s (client id %s) from %s",
 				ed->username ? ed->username : "-", client_id ? client_id : "-",
 				mosquitto_client_address(ed->client));
