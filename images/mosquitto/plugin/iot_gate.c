@@ -88,6 +88,14 @@ struct offender {
 	unsigned long seen;            /* g.offences when last seen: the least recent one makes room */
 };
 
+/* A login to disconnect. Kicks are queued by the control callback and done on the next loop tick:
+ * Mosquitto 2.0.11 answers the control message after the callback returns, and disconnecting
+ * clients from inside it is what its own dynsec plugin was seen to break (issue 2525 upstream). */
+struct kick {
+	char id[MAX_ID + 1];
+	struct kick *next;
+};
+
 static struct {
 	struct device *devices;
 	struct device *pending;        /* a snapshot being received */
@@ -106,6 +114,7 @@ static struct {
 	unsigned long auth_ok, auth_refused, unknown_device, gate_refused, acl_denied_publish, acl_denied_subscribe,
 		rate_limited, control, kicked, offences;
 	int instances;
+	struct kick *kicks;            /* logins to disconnect at the next tick */
 } g;
 
 /* ------------------------------------------------------------------ helpers */
@@ -642,11 +651,11 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 			"{\"ok\":%s,\"command\":\"%s\",\"error\":\"%s\",\"devices\":%u,\"gate_open\":%s,\"uptime_s\":%.0f,"
 			"\"kicked\":%lu,\"counters\":{\"auth_ok\":%lu,\"auth_refused\":%lu,\"unknown_device\":%lu,"
 			"\"gate_refused\":%lu,\"acl_denied_publish\":%lu,\"acl_denied_subscribe\":%lu,\"rate_limited\":%lu,"
-			"\"control\":%lu},\"offences\":{",
+			"\"control\":%lu,\"offences\":%lu},\"offences\":{",
 			ok ? "true" : "false", command, error ? error : "", HASH_COUNT(g.devices),
 			g.gate_open ? "true" : "false", difftime(time(NULL), g.started), g.kicked, g.auth_ok,
 			g.auth_refused, g.unknown_device, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe,
-			g.rate_limited, g.control);
+			g.rate_limited, g.control, g.offences);
 	bool first = true;
 	for(int i = 0; i < OFFENDERS && n > 0 && (size_t)n < size - 400; i++){
 		if(g.offenders[i].id[0] == '\0') continue;
@@ -667,6 +676,36 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 	}
 }
 
+/* Queues a kick of every connection of login `id` (done in on_tick). */
+static void kick_later(const char *id)
+{
+	struct kick *k = calloc(1, sizeof(*k));
+	if(!k){
+		/* Without memory to queue it, kick now rather than leave an old secret connected. */
+		mosquitto_kick_client_by_username(id, false);
+		g.kicked++;
+		return;
+	}
+	snprintf(k->id, sizeof(k->id), "%s", id);
+	k->next = g.kicks;
+	g.kicks = k;
+}
+
+static int on_tick(int event, void *event_data, void *userdata)
+{
+	(void)event;
+	(void)event_data;
+	(void)userdata;
+	while(g.kicks){
+		struct kick *k = g.kicks;
+		g.kicks = k->next;
+		mosquitto_kick_client_by_username(k->id, false);
+		g.kicked++;
+		free(k);
+	}
+	return MOSQ_ERR_SUCCESS;
+}
+
 /* Kicks every device of `old` that `table` no longer lets in as before. */
 static void kick_changed(struct device *old, struct device *table)
 {
@@ -675,8 +714,7 @@ static void kick_changed(struct device *old, struct device *table)
 		now = NULL;
 		HASH_FIND_STR(table, d->id, now);
 		if(!now || !now->enabled || strcmp(now->line, d->line)){
-			mosquitto_kick_client_by_username(d->id, false);
-			g.kicked++;
+			kick_later(d->id);
 		}
 	}
 }
@@ -693,7 +731,7 @@ static void keep_rates(struct device *old, struct device *table)
 }
 
 /* Parses the device lines after the first line into `table`; NULL or an error text. With `kick`, a device
- * whose entry changed so that it must log in again is kicked at once. */
+ * whose entry changed so that it must log in again is kicked at the next tick. */
 static const char *parse_lines(char *body, struct device **table, bool kick)
 {
 	char *save = NULL;
@@ -708,10 +746,7 @@ static const char *parse_lines(char *body, struct device **table, bool kick)
 		}
 		char id[MAX_ID + 1];
 		strcpy(id, d->id);
-		if(put_device(table, d) && kick){
-			mosquitto_kick_client_by_username(id, false);
-			g.kicked++;
-		}
+		if(put_device(table, d) && kick) kick_later(id);
 	}
 	return NULL;
 }
@@ -775,8 +810,7 @@ static int on_control(int event, void *event_data, void *userdata)
 			if(d){
 				HASH_DEL(g.devices, d);
 				free_device(d);
-				mosquitto_kick_client_by_username(id, false);
-				g.kicked++;
+				kick_later(id);
 				changed = true;
 			}
 		}
@@ -845,6 +879,8 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata, st
 		if(rc) return rc;
 		rc = mosquitto_callback_register(identifier, MOSQ_EVT_CONTROL, on_control, CONTROL_TOPIC, inst);
 		if(rc) return rc;
+		rc = mosquitto_callback_register(identifier, MOSQ_EVT_TICK, on_tick, NULL, inst);
+		if(rc) return rc;
 	}else{
 		const char *publish = option(opts, count, "publish");
 		const char *subscribe = option(opts, count, "subscribe");
@@ -883,6 +919,7 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 		mosquitto_callback_unregister(inst->id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
 		if(inst->role == ROLE_SERVICES){
 			mosquitto_callback_unregister(inst->id, MOSQ_EVT_CONTROL, on_control, CONTROL_TOPIC);
+			mosquitto_callback_unregister(inst->id, MOSQ_EVT_TICK, on_tick, NULL);
 		}else{
 			mosquitto_callback_unregister(inst->id, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
 		}
@@ -891,6 +928,11 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 	if(--g.instances == 0){
 		free_table(&g.devices);
 		free_table(&g.pending);
+		while(g.kicks){                /* shutting down: every client goes anyway */
+			struct kick *k = g.kicks;
+			g.kicks = k->next;
+			free(k);
+		}
 		while(g.accounts){
 			struct account *next = g.accounts->next;
 			free(g.accounts);
