@@ -88,14 +88,6 @@ struct offender {
 	unsigned long seen;            /* g.offences when last seen: the least recent one makes room */
 };
 
-/* A login to disconnect. Kicks are queued by the control callback and done on the next loop tick:
- * Mosquitto 2.0.11 answers the control message after the callback returns, and disconnecting
- * clients from inside it is what its own dynsec plugin was seen to break (issue 2525 upstream). */
-struct kick {
-	char id[MAX_ID + 1];
-	struct kick *next;
-};
-
 static struct {
 	struct device *devices;
 	struct device *pending;        /* a snapshot being received */
@@ -114,7 +106,6 @@ static struct {
 	unsigned long auth_ok, auth_refused, unknown_device, gate_refused, acl_denied_publish, acl_denied_subscribe,
 		rate_limited, control, kicked, offences;
 	int instances;
-	struct kick *kicks;            /* logins to disconnect at the next tick */
 } g;
 
 /* ------------------------------------------------------------------ helpers */
@@ -676,34 +667,12 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 	}
 }
 
-/* Queues a kick of every connection of login `id` (done in on_tick). */
-static void kick_later(const char *id)
+/* Disconnects every connection of login `id`. Done inside the control callback: Mosquitto 2.0.11 calls
+ * MOSQ_EVT_TICK only without per_listener_settings, which the gate needs. */
+static void kick_login(const char *id)
 {
-	struct kick *k = calloc(1, sizeof(*k));
-	if(!k){
-		/* Without memory to queue it, kick now rather than leave an old secret connected. */
-		mosquitto_kick_client_by_username(id, false);
-		g.kicked++;
-		return;
-	}
-	snprintf(k->id, sizeof(k->id), "%s", id);
-	k->next = g.kicks;
-	g.kicks = k;
-}
-
-static int on_tick(int event, void *event_data, void *userdata)
-{
-	(void)event;
-	(void)event_data;
-	(void)userdata;
-	while(g.kicks){
-		struct kick *k = g.kicks;
-		g.kicks = k->next;
-		mosquitto_kick_client_by_username(k->id, false);
-		g.kicked++;
-		free(k);
-	}
-	return MOSQ_ERR_SUCCESS;
+	mosquitto_kick_client_by_username(id, false);
+	g.kicked++;
 }
 
 /* Kicks every device of `old` that `table` no longer lets in as before. */
@@ -714,7 +683,7 @@ static void kick_changed(struct device *old, struct device *table)
 		now = NULL;
 		HASH_FIND_STR(table, d->id, now);
 		if(!now || !now->enabled || strcmp(now->line, d->line)){
-			kick_later(d->id);
+			kick_login(d->id);
 		}
 	}
 }
@@ -731,7 +700,7 @@ static void keep_rates(struct device *old, struct device *table)
 }
 
 /* Parses the device lines after the first line into `table`; NULL or an error text. With `kick`, a device
- * whose entry changed so that it must log in again is kicked at the next tick. */
+ * whose entry changed so that it must log in again is kicked at once. */
 static const char *parse_lines(char *body, struct device **table, bool kick)
 {
 	char *save = NULL;
@@ -746,7 +715,7 @@ static const char *parse_lines(char *body, struct device **table, bool kick)
 		}
 		char id[MAX_ID + 1];
 		strcpy(id, d->id);
-		if(put_device(table, d) && kick) kick_later(id);
+		if(put_device(table, d) && kick) kick_login(id);
 	}
 	return NULL;
 }
@@ -810,7 +779,7 @@ static int on_control(int event, void *event_data, void *userdata)
 			if(d){
 				HASH_DEL(g.devices, d);
 				free_device(d);
-				kick_later(id);
+				kick_login(id);
 				changed = true;
 			}
 		}
@@ -879,8 +848,6 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata, st
 		if(rc) return rc;
 		rc = mosquitto_callback_register(identifier, MOSQ_EVT_CONTROL, on_control, CONTROL_TOPIC, inst);
 		if(rc) return rc;
-		rc = mosquitto_callback_register(identifier, MOSQ_EVT_TICK, on_tick, NULL, inst);
-		if(rc) return rc;
 	}else{
 		const char *publish = option(opts, count, "publish");
 		const char *subscribe = option(opts, count, "subscribe");
@@ -919,7 +886,6 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 		mosquitto_callback_unregister(inst->id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
 		if(inst->role == ROLE_SERVICES){
 			mosquitto_callback_unregister(inst->id, MOSQ_EVT_CONTROL, on_control, CONTROL_TOPIC);
-			mosquitto_callback_unregister(inst->id, MOSQ_EVT_TICK, on_tick, NULL);
 		}else{
 			mosquitto_callback_unregister(inst->id, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
 		}
@@ -928,11 +894,6 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 	if(--g.instances == 0){
 		free_table(&g.devices);
 		free_table(&g.pending);
-		while(g.kicks){                /* shutting down: every client goes anyway */
-			struct kick *k = g.kicks;
-			g.kicks = k->next;
-			free(k);
-		}
 		while(g.accounts){
 			struct account *next = g.accounts->next;
 			free(g.accounts);
