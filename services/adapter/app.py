@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.adapter import metrics
-from services.adapter.cassandra import Stop, connect_cassandra, schema_statements
+from services.adapter.cassandra import Stop, connect_cassandra, missing_column_statements, schema_statements
 from services.adapter.mappings import Mapping, MappingError, Router, load_mappings
 from services.adapter.metrics import exposition
 from services.adapter.schema import Row, RowError, row_builder, row_site
@@ -214,6 +214,7 @@ class Adapter:
             return False
         for statement in schema_statements(self.settings, self.router.mappings):
             self._retry_until_done("create schema", lambda s=statement: self.session.execute(s, timeout=60))
+        self._retry_until_done("add missing columns", self._add_missing_columns)
         self.writer = Writer(self.session, self.settings.keyspace, self.router.mappings,
                              self.settings.max_batch_rows, self.settings.write_timeout)
         self.consumer = Consumer({**consumer_config(self.settings), "on_commit": self._on_commit})
@@ -227,6 +228,12 @@ class Adapter:
                                      window=self.settings.window, group=self.settings.group_id,
                                      instance=self.settings.group_instance_id or "dynamic"))
         return True
+
+    def _add_missing_columns(self) -> None:
+        """Tables created before their layout gained a column get it (rows written before hold null)."""
+        for statement in missing_column_statements(self.session, self.settings, self.router.mappings):
+            self.session.execute(statement, timeout=60)
+            log.info("added a column to an existing table", extra=kv(cql=statement))
 
     def _retry_until_done(self, what: str, action) -> None:
         backoff = Backoff(SCHEMA_RETRY_MIN_S, SCHEMA_RETRY_MAX_S)

@@ -1,5 +1,6 @@
-"""The adapter's Cassandra session and schema: connecting (retried until Cassandra answers) and the
-keyspace/table DDL (built by adapter.schema) that the adapter creates at start and --print-schema shows.
+"""The adapter's Cassandra session and schema: connecting (retried until Cassandra answers), the
+keyspace/table DDL (built by adapter.schema) that the adapter creates at start and --print-schema shows,
+and the columns it adds at start to tables created before their layout gained them.
 
 Note: `import cassandra` inside the services.adapter package still means the driver (imports are
 absolute); only running a file of this directory as a script would shadow it.
@@ -11,7 +12,7 @@ import time
 from typing import Protocol
 
 from services.adapter.mappings import Mapping
-from services.adapter.schema import create_keyspace_cql, create_table_cql
+from services.adapter.schema import add_columns_cql, create_keyspace_cql, create_table_cql
 from services.adapter.settings import Settings
 from services.common.backoff import Backoff
 from services.common.observability import kv
@@ -29,6 +30,19 @@ def schema_statements(settings: Settings, mappings: tuple[Mapping, ...]) -> list
     tables = {m.table: m.layout for m in mappings}
     return [create_keyspace_cql(settings.keyspace, settings.replication)] + [
         create_table_cql(settings.keyspace, table, lay) for table, lay in tables.items()]
+
+
+def missing_column_statements(session, settings: Settings, mappings: tuple[Mapping, ...]) -> list[str]:
+    """ALTER TABLE statements for the columns the keyspace's existing tables lack (adapter.schema.add_columns_cql),
+    from what system_schema lists now."""
+    rows = session.execute("SELECT table_name, column_name FROM system_schema.columns WHERE keyspace_name = %s",
+                           (settings.keyspace,), timeout=60)
+    existing: dict[str, set[str]] = {}
+    for row in rows:
+        existing.setdefault(row.table_name, set()).add(row.column_name)
+    tables = {m.table: m.layout for m in mappings}
+    return [statement for table, lay in tables.items()
+            for statement in add_columns_cql(settings.keyspace, table, lay, existing.get(table, set()))]
 
 
 def connect_cassandra(settings: Settings, stop: Stop):

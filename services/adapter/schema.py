@@ -13,6 +13,9 @@ delivered twice (at-least-once) overwrites its own row instead of adding one.
 
 Registrations are partitioned by site and clustered by id, so "all sensors of a
 site" is one partition read; a site has thousands of devices, not millions.
+
+A layout may gain columns (readings got `device_id`): the adapter adds what an
+existing table lacks at start (add_columns_cql); rows written before hold null there.
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ LAYOUTS: dict[str, Layout] = {layout.contract: layout for layout in (
     Layout(contracts.READING.name, (
         ("sensor_id", "text", "sensor_id"), _ts("event_time", "timestamp"),
         ("temperature", "double", "temperature"), ("unit", "text", "unit"),
+        ("device_id", "text", "device_id"),        # added later: add_columns_cql puts it into older tables
     ), ("site", "sensor_id", "day"), (("event_time", "DESC"),), "timestamp", latency=True),
     # is_last is in the key so an episode's opening and closing events never overwrite each other.
     Layout(contracts.THRESHOLD_EVENT.name, (
@@ -127,6 +131,17 @@ def create_table_cql(keyspace: str, table: str, lay: Layout) -> str:
     order = ", ".join(f"{c} {o}" for c, o in lay.clustering)
     return (f"CREATE TABLE IF NOT EXISTS {keyspace}.{table} ({cols}, PRIMARY KEY ({pk}, {clustering})) "
             f"WITH CLUSTERING ORDER BY ({order})")
+
+
+def add_columns_cql(keyspace: str, table: str, lay: Layout, existing: set[str]) -> list[str]:
+    """ALTER TABLE ... ADD for each column of the layout that the table's `existing` columns lack (a table
+    created before its layout gained the column). Idempotent (IF NOT EXISTS: two adapters may start at once).
+    Key columns are never added (a table cannot change its key), nor anything to a table not there yet."""
+    if not existing:
+        return []
+    key = {*lay.partition_key, *(c for c, _ in lay.clustering)}
+    return [f"ALTER TABLE {keyspace}.{table} ADD IF NOT EXISTS {name} {cql}"
+            for name, cql, _ in lay.all_columns() if name not in existing and name not in key]
 
 
 def insert_cql(keyspace: str, table: str, lay: Layout, ttl_seconds: int | None = None) -> str:

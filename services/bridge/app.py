@@ -31,12 +31,19 @@ Ack and back-pressure
   window / Kafka round trip (1000 / ~10 ms = 100k msg/s), so acking late is free.
 
 Bad input
-  Too large (oversized), not JSON (invalid_json), no rule for the topic (unmapped,
-  also non-UTF-8 topics), breaking its contract (contract_violation), refused by
-  Kafka for good (kafka_rejected) or crashing the mapping code (unprocessable):
-  the original bytes go to the dead-letter topic with the reason in a header, and
-  the message is acked once that record is in Kafka. A malformed packet from the
-  broker closes the connection instead (nothing of it is acked; it is redelivered).
+  Too large (oversized: a payload over BRIDGE_MAX_PAYLOAD_BYTES, or user properties
+  making the record larger than BRIDGE_MAX_RECORD_BYTES), not JSON (invalid_json),
+  no rule for the topic (unmapped, also non-UTF-8 topics), breaking its contract
+  (contract_violation, also a payload naming another device than its topic), a
+  sensor not registered to the topic's device (unregistered_sensor, foreign_sensor;
+  with BRIDGE_SENSOR_OWNERS_TOPIC, services.bridge.owners), refused by Kafka for
+  good (kafka_rejected) or crashing the mapping code (unprocessable): the original
+  bytes go to the dead-letter topic with the reason in a header, and the message is
+  acked once that record is in Kafka. A dead-letter record always fits in
+  BRIDGE_MAX_RECORD_BYTES (services.common.dead_letter); one that Kafka still
+  refuses for good is dropped, counted (bridge_dead_letters_dropped_total) and
+  logged, and its message acked: it never holds the window. A malformed packet from
+  the broker closes the connection instead (nothing of it is acked; it is redelivered).
 
 Kafka failures
   Kafka down: deliveries stop, the window fills, the broker stops sending and
@@ -92,6 +99,7 @@ from confluent_kafka import KafkaError, Producer
 from services.bridge import metrics
 from services.bridge import settings as bridge_settings
 from services.bridge.commands import CommandForwarder
+from services.bridge.owners import SensorOwners
 from services.bridge.routing import KAFKA_REJECTED, Record, Router
 from services.bridge.rules import DEFAULT_RULES, Mapping, MappingError
 from services.bridge.window import Entry, Window
@@ -105,9 +113,11 @@ from services.mqtt.session import MqttSession
 
 log = logging.getLogger("bridge")
 
-# Errors no retry can fix: such a record goes to dead-letter instead.
+# Errors no retry can fix: such a record goes to dead-letter instead, such a dead letter is dropped.
+# _INVALID_ARG: produce() itself refused the record's arguments (see _send); it would again.
 _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
-              KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
+              KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG, KafkaError._INVALID_ARG}
+_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE}
 RETRY_DELAY_S = 1.0
 # MQTT reconnect backoff; short cap: see "MQTT failures" above.
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.25, 2.0
@@ -126,6 +136,8 @@ def producer_config(s: bridge_settings.BridgeSettings) -> dict:
         # The window bounds what is queued; this only has to be larger.
         "queue.buffering.max.messages": max(100000, 4 * s.window),
         "statistics.interval.ms": 5000,
+        # librdkafka refuses a record above this itself (default 1000000); the bound is BRIDGE_MAX_RECORD_BYTES.
+        "message.max.bytes": max(1_000_000, s.max_record_bytes),
         **kafka_auth.internal_config(),     # its own principal: writes readings and dead letters only
     }
 
@@ -134,7 +146,10 @@ class Bridge:
     def __init__(self, s: bridge_settings.BridgeSettings, mapping: Mapping, stop: StopFlag,
                  producer: Producer | None = None):
         self.s, self.stop = s, stop
-        self.router = Router(mapping, s.dead_letter_topic, s.max_payload_bytes, s.site)
+        self.owners = SensorOwners(s.kafka_bootstrap, s.sensor_owners_topic, s.client_id) \
+            if s.sensor_owners_topic else None
+        self.router = Router(mapping, s.dead_letter_topic, s.max_payload_bytes, s.site, s.max_record_bytes,
+                             self.owners.owners if self.owners else None)
         self.subscriptions = [f"$share/{s.share_group}/{sub}" for sub in mapping.subscriptions()]
         self.window = Window(s.window)
         self.connected = False
@@ -142,6 +157,7 @@ class Bridge:
         self.subscription_problem: str | None = None
         self.had_session = False          # a subscribed session existed in this process (to tell a lost one)
         self.fatal: str | None = None
+        self.owners_loaded = False        # the sensor owners table was read to its end (or there is none)
         self.kafka_ok_at = 0.0
         self.reconnect_at = 0.0
         self.backoff = Backoff(RECONNECT_MIN_S, RECONNECT_MAX_S)     # reset only once subscribed
@@ -154,6 +170,8 @@ class Bridge:
         self._acked = 0
         self._produced: dict[str, int] = {}
         self._dead: dict[str, int] = {}
+        self._dropped = 0                 # dead letters dropped since the last log line about it
+        metrics.WINDOW_SIZE.set(s.window)
         self.producer = producer or Producer({**producer_config(s), "error_cb": self._kafka_error,
                                               "stats_cb": self._kafka_stats})
         self.client = self._mqtt_client()
@@ -162,7 +180,8 @@ class Bridge:
             self.commands = CommandForwarder(s.kafka_bootstrap, s.commands_topic, s.commands_group, s.client_id,
                                              s.dead_letter_topic, s.site, self._produce_dead_letter,
                                              group_instance_id=s.commands_group_instance_id,
-                                             session_timeout_ms=s.commands_session_timeout_ms)
+                                             session_timeout_ms=s.commands_session_timeout_ms,
+                                             max_record=s.max_record_bytes)
             self.client.on_puback = self.commands.on_publish
 
     # ------------------------------------------------------------ MQTT
@@ -230,7 +249,7 @@ class Bridge:
             record = self.router.route(topic, payload, user, now_ms)
         except Exception as err:          # noqa: BLE001 - a bug must not lose or crash; dead-letter it
             record = dead_letter(self.s.dead_letter_topic, topic, None, payload, UNPROCESSABLE,
-                                 repr(err), now_ms)
+                                 repr(err), now_ms, max_bytes=self.s.max_record_bytes)
         self.last_message_at = received = time.monotonic()
         entry = self.window.add(mid, qos, received, record)
         try:                              # _produce inlined for the usual case; _send handles the rest
@@ -309,12 +328,16 @@ class Bridge:
         if err.fatal():
             self.fatal = f"fatal Kafka producer error: {err}"
             return
-        if entry.record.reason is None and err.code() in _PERMANENT:
+        if err.code() in _PERMANENT:
             rec = entry.record
-            source = next((v.decode() for k, v in rec.headers if k == names.HEADER_MQTT_TOPIC), rec.topic)
+            if rec.reason is not None:        # a dead letter Kafka will never take: drop it, ack its message
+                self._drop_dead_letter(rec, err)
+                entry.delivered = True
+                return
+            source = _header(rec, names.HEADER_MQTT_TOPIC) or rec.topic
             entry.record = dead_letter(self.s.dead_letter_topic, source, rec.key, rec.value, KAFKA_REJECTED,
                                        f"Kafka refused the record for {rec.topic}: {err.str()}",
-                                       int(time.time() * 1000), rec.headers)
+                                       int(time.time() * 1000), rec.headers, max_bytes=self.s.max_record_bytes)
             self._produce(entry)
             return
         metrics.KAFKA_RETRIES.inc()
@@ -332,14 +355,32 @@ class Bridge:
             if entry is not None:
                 self._produce(entry)
 
+    def _drop_dead_letter(self, rec: Record, err: KafkaError) -> None:
+        """A dead letter Kafka refused for good: counted, logged (at most one line a second), not retried."""
+        metrics.DEAD_LETTERS_DROPPED.labels(rec.reason).inc()
+        self._dropped += 1
+        too_large = err.code() in _TOO_LARGE
+        fix = (f"raise max.message.bytes of {rec.topic} above BRIDGE_MAX_RECORD_BYTES={self.s.max_record_bytes} "
+               "or lower BRIDGE_MAX_RECORD_BYTES" if too_large else
+               f"check the topic {rec.topic} (BRIDGE_DEAD_LETTER_TOPIC) and the bridge's Kafka rights on it")
+        if self._log_rarely("dlq-dropped", logging.ERROR, "dead letter dropped: Kafka refused it for good; its "
+                            "message is acked so the window moves on", every_s=1.0,
+                            mqtt_topic=_header(rec, names.HEADER_DLQ_SOURCE) or "?", reason=rec.reason,
+                            error=err.str(), dropped=self._dropped, fix=fix):
+            self._dropped = 0
+
     def _produce_dead_letter(self, record: DeadLetter, done) -> None:
-        """For the command path: produce, produce again on failure, call done() once Kafka has it."""
+        """For the command path: produce, produce again on a transient failure, call done() once Kafka has it
+        (or once it refused it for good: the dead letter is dropped, as the readings' are)."""
         def on_delivery(err, _msg):
             if err is None:
                 metrics.PRODUCED.labels(record.topic).inc()
                 done()
             elif err.fatal():
                 self.fatal = f"fatal Kafka producer error: {err}"
+            elif err.code() in _PERMANENT:
+                self._drop_dead_letter(record, err)
+                done()
             else:
                 self._send(record, on_delivery)
         self._send(record, on_delivery)
@@ -386,20 +427,30 @@ class Bridge:
                 metrics.DEAD_LETTERED.labels(reason).inc(n)
             self._dead.clear()
         metrics.IN_FLIGHT.set(len(self.window) if self.connected else 0)
+        if self.owners is not None:
+            metrics.SENSORS_REGISTERED.set(len(self.owners.owners))
 
     def health(self) -> tuple[bool, str]:
         kafka_age = time.monotonic() - self.kafka_ok_at
         ok = self.connected and self.subscribed and kafka_age < KAFKA_HEALTHY_WITHIN_S
         detail = f" subscription_problem={self.subscription_problem!r}" if self.subscription_problem else ""
+        if self.owners is not None and not self.owners_loaded:
+            detail += f" reading_sensor_owners={self.s.sensor_owners_topic}"
         return ok, (f"{'ok' if ok else 'unhealthy'} mqtt_connected={self.connected} subscribed={self.subscribed} "
                     f"kafka_last_answer_s={kafka_age:.1f} in_flight={len(self.window)}{detail}")
 
     def run(self) -> int:
         log.info("bridge starting", extra=kv(client_id=self.s.client_id, mqtt=f"{self.s.mqtt_host}:{self.s.mqtt_port}",
                                              kafka=self.s.kafka_bootstrap, window=self.s.window,
-                                             commands=self.s.commands_topic or "off"))
+                                             commands=self.s.commands_topic or "off",
+                                             sensor_owners=self.s.sensor_owners_topic or "off",
+                                             max_record_bytes=self.s.max_record_bytes))
         drain_until = None
         try:
+            # With ownership checks, subscribe (connect) only once the whole table is read.
+            if self.owners is not None and not self.owners.load(self.stop.is_set):
+                self.fatal = self.owners.fatal
+            self.owners_loaded = True
             while self.fatal is None:
                 if self.stop.is_set():
                     if drain_until is None:
@@ -415,6 +466,9 @@ class Bridge:
                          timeout=0 if full else 0.001 if busy else 0.05)
                 self.producer.poll(0.005 if full else 0)
                 self._retry_due()
+                if self.owners is not None:
+                    self.owners.poll()
+                    self.fatal = self.fatal or self.owners.fatal
                 if self.connected:
                     self._ack()
                     if self.commands and drain_until is None:
@@ -457,13 +511,23 @@ class Bridge:
         left = self.producer.flush(2.0)
         if self.commands:
             self.commands.close()
+        if self.owners is not None:
+            self.owners.close()
         log.info("bridge stopped", extra=kv(unacked_left_to_broker=unacked, kafka_unflushed=left))
 
-    def _log_rarely(self, key: str, level: int, msg: str, **fields) -> None:
+    def _log_rarely(self, key: str, level: int, msg: str, every_s: float = 10.0, **fields) -> bool:
+        """Log at most once every `every_s` per key; True if this call logged."""
         now = time.monotonic()
-        if now >= self.log_after.get(key, 0.0):
-            self.log_after[key] = now + 10.0
-            log.log(level, msg, extra=kv(**fields))
+        if now < self.log_after.get(key, 0.0):
+            return False
+        self.log_after[key] = now + every_s
+        log.log(level, msg, extra=kv(**fields))
+        return True
+
+
+def _header(rec: Record, name: str) -> str | None:
+    """The first header `name` of a record, as text."""
+    return next((v.decode("utf-8", "replace") for k, v in rec.headers if k == name and v is not None), None)
 
 
 def peers_alive(name: str) -> list[str]:

@@ -80,8 +80,10 @@ def command_topic(value: bytes, key: bytes | None, default_site: str | None) -> 
 class CommandForwarder:
     def __init__(self, bootstrap: str, topic: str, group: str, client_id: str, dlq_topic: str,
                  default_site: str | None, dead_letter_sink: Callable[[DeadLetter, Callable[[], None]], None],
-                 max_in_flight: int = 100, group_instance_id: str | None = None, session_timeout_ms: int = 45000):
+                 max_in_flight: int = 100, group_instance_id: str | None = None, session_timeout_ms: int = 45000,
+                 max_record: int | None = None):
         self.topic, self.dlq_topic, self.default_site = topic, dlq_topic, default_site
+        self.max_record = max_record              # bound of a dead letter (BRIDGE_MAX_RECORD_BYTES)
         self.dead_letter_sink = dead_letter_sink
         self.max_in_flight = max_in_flight
         self.fatal: str | None = None             # a fatal consumer error: the consumer is dead for good
@@ -135,7 +137,8 @@ class CommandForwarder:
                 reason, err = UNPROCESSABLE, f"{type(err).__name__}: {err}"
             detail = bounded_detail(str(err))
             record = dead_letter(self.dlq_topic, tp[0], msg.key(), value, reason, detail,
-                                 int(time.time() * 1000), list(msg.headers() or ()), tp[1], offset)
+                                 int(time.time() * 1000), list(msg.headers() or ()), tp[1], offset,
+                                 max_bytes=self.max_record)
             log.warning("command dead-lettered", extra=kv(reason=reason, detail=detail[:300], offset=offset))
             metrics.COMMANDS_DEAD_LETTERED.inc()
             self.dead_letter_sink(record, lambda: self._done(tp, offset))

@@ -53,11 +53,18 @@ PRODUCED = Counter("bridge_records_produced_total", "records Kafka acknowledged 
                    ["topic"])
 ACKED = Counter("bridge_messages_acked_total", "PUBACKs sent to the broker after Kafka acknowledged")
 DEAD_LETTERED = Counter("bridge_dead_lettered_total", "messages written to the dead-letter topic", ["reason"])
+DEAD_LETTERS_DROPPED = Counter("bridge_dead_letters_dropped_total",
+                               "dead letters Kafka refused for good: dropped and their message acked, so the "
+                               "window moves on (an error log line names the MQTT topic)", ["reason"])
 KAFKA_RETRIES = Counter("bridge_kafka_reproduced_total",
                         "records produced again after the producer gave up on them (kept unacked meanwhile)")
 REDELIVERY_EXPECTED = Counter("bridge_unacked_on_disconnect_total",
                               "messages in flight when the MQTT connection dropped (the broker redelivers them)")
 IN_FLIGHT = Gauge("bridge_in_flight", "messages received and not yet acked (bounded by the window)")
+WINDOW_SIZE = Gauge("bridge_window_size", "the configured window (BRIDGE_WINDOW): bridge_in_flight at this value "
+                                          "means the window is full and the broker sends nothing more")
+SENSORS_REGISTERED = Gauge("bridge_sensors_registered",
+                           "sensors whose owning device the bridge knows (BRIDGE_SENSOR_OWNERS_TOPIC; 0 when off)")
 MQTT_CONNECTED = Gauge("bridge_mqtt_connected", "1 while the MQTT session is up")
 SUBSCRIBED = Gauge("bridge_mqtt_subscribed", "1 while every mapped filter is subscribed at QoS 1")
 SESSIONS_LOST = Counter("bridge_sessions_lost_total",
@@ -69,6 +76,7 @@ COMMANDS_DEAD_LETTERED = Counter("bridge_commands_dead_lettered_total", "invalid
 
 for _reason in REASONS:        # export every reason from the start, so rate() works on the first one
     DEAD_LETTERED.labels(_reason)
+    DEAD_LETTERS_DROPPED.labels(_reason)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -1,6 +1,10 @@
 """Pure logic of the bridge: MQTT message -> Kafka record or dead-letter record (services.common.dead_letter).
 
-No network here, so all of it is unit-tested without brokers.
+Every record it returns fits in `max_record` bytes (key, value, headers: dead_letter.record_bytes): a
+reading whose MQTT user properties would make it larger is dead-lettered (`oversized`), and a dead
+letter drops what it must to fit. With `owners` (sensor_id -> device_id, services.bridge.owners), a
+reading of a rule with a {device_id} segment and a {sensor_id} key is dead-lettered unless its sensor
+is registered to that device. No network here, so all of it is unit-tested without brokers.
 """
 from __future__ import annotations
 
@@ -16,22 +20,35 @@ from services.common.contracts import ContractError
 from services.common.dead_letter import (
     CONTRACT_VIOLATION,
     DLQ_HEADERS,
+    HEADER_OVERHEAD,
     INVALID_JSON,
+    SERVICE_HEADERS,
     UNMAPPED,
     UNPROCESSABLE,
     DeadLetter,
     Headers,
     dead_letter,
+    headers_bytes,
+    utf8,
 )
 
 # Dead-letter reasons of the bridge: the metric label and the first word of the dlq_reason header.
-# The generic ones come from services.common.dead_letter; these two only the bridge has.
+# The generic ones come from services.common.dead_letter; these only the bridge has.
 OVERSIZED = "oversized"
 KAFKA_REJECTED = "kafka_rejected"
-REASONS = (OVERSIZED, INVALID_JSON, CONTRACT_VIOLATION, UNMAPPED, KAFKA_REJECTED, UNPROCESSABLE)
+UNREGISTERED_SENSOR = "unregistered_sensor"
+FOREIGN_SENSOR = "foreign_sensor"
+REASONS = (OVERSIZED, INVALID_JSON, CONTRACT_VIOLATION, UNMAPPED, KAFKA_REJECTED, UNPROCESSABLE,
+           UNREGISTERED_SENSOR, FOREIGN_SENSOR)
+
+# The default bound of a whole Kafka record (BRIDGE_MAX_RECORD_BYTES): Kafka's default max.message.bytes
+# (1048588) and librdkafka's message.max.bytes (1000000) with room to spare.
+MAX_RECORD_BYTES = 900_000
 
 # Headers the bridge owns: a device's user property of the same name is dropped, not trusted.
-RESERVED_HEADERS = frozenset({names.HEADER_SITE, names.HEADER_INGEST_MS, names.HEADER_MQTT_TOPIC}) | DLQ_HEADERS
+RESERVED_HEADERS = SERVICE_HEADERS | DLQ_HEADERS
+# The ingest_ms header as the size bound counts it: its name and the longest epoch-ms text (int64).
+_INGEST_BYTES = headers_bytes([(names.HEADER_INGEST_MS, b"-9223372036854775808")])
 
 
 @dataclass(slots=True)
@@ -51,12 +68,24 @@ Record = OutRecord | DeadLetter        # what the bridge produces for one MQTT m
 def base_headers(mqtt_topic: str, user_properties: list[tuple[str, str]] | None, site: str | None,
                  ingest_ms: int) -> Headers:
     """MQTT v5 user properties as headers, then the bridge's own (which a device cannot spoof)."""
-    headers: Headers = [(k, v.encode()) for k, v in (user_properties or ()) if k not in RESERVED_HEADERS]
-    headers.append((names.HEADER_MQTT_TOPIC, mqtt_topic.encode()))
+    headers = user_headers(user_properties)[0] if user_properties else []
+    headers.append((names.HEADER_MQTT_TOPIC, utf8(mqtt_topic)))
     if site:
-        headers.append((names.HEADER_SITE, site.encode()))
+        headers.append((names.HEADER_SITE, utf8(site)))
     headers.append((names.HEADER_INGEST_MS, str(ingest_ms).encode()))
     return headers
+
+
+def user_headers(user_properties: list[tuple[str, str]]) -> tuple[Headers, int]:
+    """MQTT v5 user properties as Kafka headers (names the bridge owns dropped) and their size in bytes
+    (dead_letter.headers_bytes). The MQTT client decodes bad UTF-8 with replacement characters, so a name
+    or value without UTF-8 (a lone surrogate) comes only from code; it gets its backslash escape."""
+    try:
+        headers = [(k, v.encode()) for k, v in user_properties if k not in RESERVED_HEADERS]
+        return headers, sum([len(k.encode()) + len(v) for k, v in headers]) + HEADER_OVERHEAD * len(headers)
+    except UnicodeEncodeError:
+        headers = [(utf8(k).decode(), utf8(v)) for k, v in user_properties if k not in RESERVED_HEADERS]
+        return headers, headers_bytes(headers)
 
 
 _DEFAULT_ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -89,8 +118,11 @@ _TOPIC_CACHE = 10000      # devices publish to a fixed set of topics: remember w
 class _TopicPlan:
     """Everything one MQTT topic implies, worked out once: its rule (the first that matches), the
     segments that fill payload fields, the Kafka topic and key, the site and the bridge's own headers
-    for it. tests/unit/bridge/reference.py keeps the plain per-message mapping this must equal."""
-    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers", "foreign_site")
+    for it, the bytes a record of it takes besides its value and user properties (`size`) and the
+    (sensor, device) its ownership check compares (`owner`). tests/unit/bridge/reference.py keeps the
+    plain per-message mapping this must equal."""
+    __slots__ = ("rule", "contract", "fills", "fields", "kafka_topic", "key", "headers", "foreign_site", "size",
+                 "owner")
 
     def __init__(self, mapping: Mapping, topic: str, default_site: str | None):
         rule, segments = None, {}
@@ -109,8 +141,10 @@ class _TopicPlan:
                              f"(BRIDGE_SITE): devices publish under their own site's topics"
                              if default_site and topic_site and topic_site != default_site else None)
         self.headers = tuple(base_headers(topic, None, site, 0)[:-1])     # all but the per-message ingest time
+        self.owner = None
         if rule is None:
             self.contract, self.fills, self.fields, self.kafka_topic, self.key = None, (), (), None, None
+            self.size = headers_bytes(self.headers) + _INGEST_BYTES
             return
         self.contract = contracts.contract(rule.contract)
         names = self.contract.field_names()
@@ -118,7 +152,10 @@ class _TopicPlan:
         self.fields = tuple((f.name, _KIND_TYPES[f.kind], f.required, f.choices, f.bounds)
                             for f in self.contract.fields)
         self.kafka_topic = rule.kafka_topic
-        self.key = rule.key.format(**segments).encode()
+        self.key = utf8(rule.key.format(**segments))
+        self.size = len(self.key) + headers_bytes(self.headers) + _INGEST_BYTES
+        if rule.key == "{sensor_id}" and "device_id" in segments:
+            self.owner = (segments["sensor_id"], segments["device_id"])
 
     def apply(self, data: Any) -> dict[str, Any]:
         """The mapped record for this topic's rule (same result, same errors as the reference mapping in
@@ -155,11 +192,15 @@ class _TopicPlan:
 
 @dataclass(frozen=True)
 class Router:
-    """Turns one MQTT message into the record to produce: the mapped record or a dead-letter one."""
+    """Turns one MQTT message into the record to produce: the mapped record or a dead-letter one.
+
+    `owners` (sensor_id -> device_id) is read, never copied: the bridge keeps it current. None: no check."""
     mapping: Mapping
     dlq_topic: str
     max_payload: int
     site: str | None = None
+    max_record: int = MAX_RECORD_BYTES
+    owners: dict[str, str] | None = None
     _topics: dict = field(default_factory=dict, compare=False, repr=False)
 
     def route(self, topic: str, payload: bytes, user_properties: list[tuple[str, str]] | None,
@@ -167,11 +208,11 @@ class Router:
         plan = self._topics.get(topic) or self._plan(topic)
         ingest = (names.HEADER_INGEST_MS, str(now_ms).encode())
         if user_properties:
-            headers = [(k, v.encode()) for k, v in user_properties if k not in RESERVED_HEADERS]
+            headers, user_bytes = user_headers(user_properties)
             headers += plan.headers
             headers.append(ingest)
         else:
-            headers = [*plan.headers, ingest]
+            headers, user_bytes = [*plan.headers, ingest], 0
         if len(payload) > self.max_payload:
             return self._dlq(plan, topic, payload, headers, now_ms, OVERSIZED,
                              f"payload of {len(payload)} bytes exceeds BRIDGE_MAX_PAYLOAD_BYTES="
@@ -189,11 +230,24 @@ class Router:
             value = plan.apply(data)
         except ContractError as err:
             return self._dlq(plan, topic, payload, headers, now_ms, CONTRACT_VIOLATION, str(err))
-        return OutRecord(plan.kafka_topic, plan.key, _encode(value), headers)
+        if self.owners is not None and plan.owner is not None:
+            sensor, device = plan.owner
+            owner = self.owners.get(sensor)
+            if owner != device:
+                return self._dlq(plan, topic, payload, headers, now_ms, *_ownership(sensor, device, owner))
+        encoded = _encode(value)
+        size = plan.size + user_bytes + len(encoded)
+        if size > self.max_record:
+            return self._dlq(plan, topic, payload, headers, now_ms, OVERSIZED,
+                             f"the Kafka record would be {size} bytes, over BRIDGE_MAX_RECORD_BYTES="
+                             f"{self.max_record}: its {len(user_properties or ())} MQTT user properties take "
+                             f"{user_bytes} bytes (send fewer or smaller user properties)")
+        return OutRecord(plan.kafka_topic, plan.key, encoded, headers)
 
     def _dlq(self, plan: _TopicPlan, topic: str, payload: bytes, headers: Headers, now_ms: int, reason: str,
              detail: str) -> DeadLetter:
-        return dead_letter(self.dlq_topic, topic, plan.key, payload, reason, detail, now_ms, headers)
+        return dead_letter(self.dlq_topic, topic, plan.key, payload, reason, detail, now_ms, headers,
+                           max_bytes=self.max_record)
 
     def _plan(self, topic: str) -> _TopicPlan:
         plan = _TopicPlan(self.mapping, topic, self.site)
@@ -201,3 +255,11 @@ class Router:
             self._topics.clear()
         self._topics[topic] = plan
         return plan
+
+
+def _ownership(sensor: str, device: str, owner: str | None) -> tuple[str, str]:
+    """The dead-letter reason and detail of a reading whose sensor is not registered to its device."""
+    if owner is None:
+        return UNREGISTERED_SENSOR, (f"sensor {sensor} is not registered; register it with iot-registrar "
+                                     f"({names.SENSOR_REGISTRATION}) before its device publishes")
+    return FOREIGN_SENSOR, f"sensor {sensor} belongs to device {owner}, not {device}"

@@ -11,7 +11,9 @@ import argparse
 import socket
 from dataclasses import dataclass
 
+from services.bridge.routing import MAX_RECORD_BYTES
 from services.common import names, settings
+from services.common.dead_letter import MIN_RECORD_BYTES
 
 DESCRIPTION = """\
 MQTT-to-Kafka bridge of an edge site (and the Kafka-to-MQTT command path).
@@ -47,6 +49,7 @@ class BridgeSettings:
     site: str | None = None
     window: int = 1000
     max_payload_bytes: int = 65536
+    max_record_bytes: int = MAX_RECORD_BYTES
     kafka_message_timeout_ms: int = 120000
     kafka_linger_ms: int = 5
     dead_letter_topic: str = names.DEAD_LETTER
@@ -54,6 +57,7 @@ class BridgeSettings:
     commands_group: str = "bridge-commands"
     commands_group_instance_id: str | None = None
     commands_session_timeout_ms: int = 45000
+    sensor_owners_topic: str | None = None
     metrics_port: int = 9102
     drain_s: float = 8.0
     peers_dns: str | None = None
@@ -65,6 +69,9 @@ class BridgeSettings:
                 f"BRIDGE_WINDOW={self.window} is out of range (1..65535, the MQTT v5 Receive Maximum limit)")
         if self.max_payload_bytes < 1:
             raise settings.SettingsError(f"BRIDGE_MAX_PAYLOAD_BYTES={self.max_payload_bytes} must be positive")
+        if self.max_record_bytes < MIN_RECORD_BYTES:
+            raise settings.SettingsError(f"BRIDGE_MAX_RECORD_BYTES={self.max_record_bytes} is below "
+                                         f"{MIN_RECORD_BYTES}, too small for a dead letter's own headers")
         if not 0 <= self.mqtt_port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise settings.SettingsError("BRIDGE_MQTT_PORT and BRIDGE_METRICS_PORT must be TCP ports (0..65535)")
         if self.session_expiry_s < 0 or self.kafka_message_timeout_ms < 0 or self.drain_s < 0:
@@ -101,6 +108,12 @@ OPTIONS: tuple[settings.Option, ...] = (
                     "Receive Maximum; keep Mosquitto's max_inflight_messages >= this", int),
     settings.Option("max_payload_bytes", "BRIDGE_MAX_PAYLOAD_BYTES", _D.max_payload_bytes,
                     "larger payloads go to the dead-letter topic", int, flag="--max-payload"),
+    settings.Option("max_record_bytes", "BRIDGE_MAX_RECORD_BYTES", _D.max_record_bytes,
+                    "bound of a whole Kafka record (key, value, every header's name and value): a reading whose "
+                    "MQTT user properties would make it larger goes to the dead-letter topic, and a dead letter "
+                    "drops the device's headers, then cuts the value, to fit; keep it below the max.message.bytes "
+                    f"of temperature-data and dead-letter (Kafka's default 1048588); at least {MIN_RECORD_BYTES}",
+                    int),
     settings.Option("kafka_message_timeout_ms", "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS", _D.kafka_message_timeout_ms,
                     "how long the producer retries one record before reporting failure; a failed record is "
                     "produced again and stays unacked, so this only bounds a single attempt", int),
@@ -124,6 +137,11 @@ OPTIONS: tuple[settings.Option, ...] = (
                     _D.commands_session_timeout_ms,
                     "session timeout of the command path's group (librdkafka session.timeout.ms, 6000..300000)",
                     settings.session_timeout_ms),
+    settings.Option("sensor_owners_topic", "BRIDGE_SENSOR_OWNERS_TOPIC", "",
+                    "compacted topic of sensor registrations (the stack sets sensor-registration): read from its "
+                    "beginning before the bridge subscribes to MQTT and followed afterwards; a reading whose "
+                    "sensor is not registered to the device in its topic goes to the dead-letter topic "
+                    "(unregistered_sensor, foreign_sensor); empty: no ownership check"),
     settings.Option("metrics_port", "BRIDGE_METRICS_PORT", _D.metrics_port,
                     "port of /metrics and /healthz; 0 disables", int),
     settings.Option("drain_s", "BRIDGE_DRAIN_S", _D.drain_s,
@@ -149,4 +167,5 @@ def from_args(argv: list[str] | None = None) -> BridgeSettings:
         **v, "mqtt_username": v["mqtt_username"] or None, "commands_topic": commands,
         "client_id": v["client_id"] or f"bridge-{socket.gethostname()}",
         "mapping_file": v["mapping_file"] or None, "site": v["site"] or None, "peers_dns": v["peers_dns"] or None,
-        "commands_group_instance_id": v["commands_group_instance_id"] or None})
+        "commands_group_instance_id": v["commands_group_instance_id"] or None,
+        "sensor_owners_topic": v["sensor_owners_topic"] or None})

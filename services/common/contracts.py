@@ -221,6 +221,9 @@ READING = Contract("temperature-reading", "sensor_id", (
     _time("timestamp"),                    # event time, epoch milliseconds
     Field("temperature", "double"),
     Field("unit", "string", choices=UNITS),
+    # The device that published it: the bridge fills it from the MQTT topic's {device_id} segment (a payload
+    # naming another device is a violation). Optional: readings written before it, and by other producers.
+    Field("device_id", "string", required=False),
 ))
 
 DEVICE = Contract("device-registration", "device_id", (

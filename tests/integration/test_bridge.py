@@ -18,24 +18,26 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from services.common import names
-from tooling.testbed.docker_lab import docker, free_port, mosquitto_password_file, wait_until
+from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import create_topics, metadata_errors, start_kafka_cluster
+from tooling.testbed.mosquitto import start_site_mosquitto
 
 SITE = "site-a"
-DEVICE, DEVICE_PW = "device", "device-pw"
 BRIDGE, BRIDGE_PW = "bridge", "bridge-pw"
 MAX_PAYLOAD = 4096
 
 
 @pytest.fixture(scope="module")
 def stack(lab, tmp_path_factory):
+    # The site's Mosquitto configuration, with room for the megabyte of user properties that the bridge
+    # must survive on its own (Mosquitto's max_packet_size refuses it first on a site).
+    broker = start_site_mosquitto(lab, tmp_path_factory.mktemp("mosquitto"), {}, SITE, BRIDGE_PW,
+                                  stack_mqtt_device_max_rate=0, stack_mqtt_max_packet_size=2 * 2**20)
     secrets = tmp_path_factory.mktemp("bridge-secrets")
-    mosquitto_password_file(secrets, {DEVICE: DEVICE_PW, BRIDGE: BRIDGE_PW})
     (secrets / "mqtt_password").write_text(BRIDGE_PW + "\n")
     (secrets / "mqtt_password").chmod(0o644)
-    mqtt_port, metrics_port = free_port(), free_port()
-    lab.run("mosquitto", "mosquitto", ports={mqtt_port: 1883}, volumes={str(secrets): "/run/secrets:ro"},
-            env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd"}, memory="256m")
+    secrets.chmod(0o755)
+    mqtt_port, metrics_port = broker["plain"], free_port()
     cluster = start_kafka_cluster(lab)
     create_topics(cluster, names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS)
     # "bridges" names every replica, as Swarm's DNS names a service's tasks (BRIDGE_PEERS_DNS).
@@ -48,7 +50,7 @@ def stack(lab, tmp_path_factory):
                          "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS": "15000"})
     stack = {"secrets": secrets, "kafka_internal": cluster.internal,
              "mqtt_port": mqtt_port, "metrics": f"http://127.0.0.1:{metrics_port}", "kafka": cluster.external,
-             "bridge": bridge, "broker": f"{lab.network}-{cluster.broker}", "lab": lab}
+             "bridge": bridge, "broker": f"{lab.network}-{cluster.broker}", "lab": lab, "cluster": cluster}
     wait_until("bridge healthy", lambda: _health(stack)[0] == 200, timeout=120,
                on_timeout=lambda: lab.logs("bridge") + lab.logs("mosquitto"))
     return stack
@@ -73,9 +75,13 @@ def _metric(stack, name: str) -> float:
 
 
 def _device(stack, client_id: str) -> tuple[mqtt.Client, set[int], dict[int, tuple[str, int]]]:
-    """A real device connection; returns the client, the set of PUBACKed mids and mid -> identity."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5)
-    client.username_pw_set(DEVICE, DEVICE_PW)
+    """A publisher standing in for devices; returns the client, the set of PUBACKed mids and mid -> identity.
+    It logs in on the services listener with the bridge's account, which may write any device's topics:
+    what a device's own login may do is tests/integration/test_mosquitto_image.py's concern, and here
+    several publishers of one device's topics run at once (a device's login allows one connection)."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bridge-test-{client_id}",
+                         protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(BRIDGE, BRIDGE_PW)
     client.max_inflight_messages_set(100)
     acked: set[int] = set()
     lock = threading.Lock()
@@ -212,8 +218,8 @@ def test_each_kind_of_bad_input_lands_in_dead_letter_with_its_reason_and_bridge_
 
 def test_device_command_from_kafka_reaches_subscribed_mqtt_client(stack):
     received, subscribed = [], threading.Event()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="device-cmd", protocol=MQTTProtocolVersion.MQTTv5)
-    client.username_pw_set(DEVICE, DEVICE_PW)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bridge-test-cmd", protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(BRIDGE, BRIDGE_PW)
     client.on_connect = lambda c, *_: c.subscribe(f"sites/{SITE}/devices/dev-9/commands", qos=1)
     client.on_subscribe = lambda *_: subscribed.set()
     client.on_message = lambda _c, _u, msg: received.append((msg.topic, msg.payload))
@@ -330,3 +336,133 @@ def test_a_replica_stopped_beside_another_hands_its_share_over_and_strands_nothi
         assert took[0] < 12, f"the hand-over took {took[0]:.1f}s"
     finally:
         docker("rm", "-f", second, check=False)
+
+
+# ------------------------------------------------------------------ issue 26: one device cannot hurt its site
+
+def _dead_letters_from(stack, sources: set[str], count: int, timeout: float = 120) -> dict[str, list]:
+    """Dead letters whose dlq_source is one of `sources` (waiting for `count` of them), by source."""
+    def ours(rs):
+        return [r for r in rs if dict(r.headers() or ()).get(names.HEADER_DLQ_SOURCE, b"").decode() in sources]
+
+    found: dict[str, list] = {}
+    for r in ours(_records(stack, names.DEAD_LETTER, lambda rs: len(ours(rs)) >= count, timeout)):
+        found.setdefault(dict(r.headers())[names.HEADER_DLQ_SOURCE].decode(), []).append(r)
+    return found
+
+
+def test_a_reading_with_a_megabyte_of_user_properties_is_dead_lettered_and_the_site_keeps_flowing(stack):
+    """17 MQTT v5 user properties of 60 kB: neither the reading nor (before issue 26) its dead letter fit
+    Kafka, and the bridge retried that dead letter forever while its window filled. Now the dead letter
+    leaves the device's headers behind and fits, the message is acked and readings behind it flow."""
+    prefix = f"big{uuid.uuid4().hex[:4]}"
+    topic = f"sites/{SITE}/devices/d1/sensors/{prefix}-x/temperature"
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [(f"p{i}", "v" * 60_000) for i in range(17)]
+    client, acked, sent = _device(stack, "device-big")
+    try:
+        big = client.publish(topic, _reading(f"{prefix}-x", 1), qos=1, properties=props)
+        _publish_readings(client, sent, prefix, 20)
+        wait_until("device PUBACKs", lambda: big.mid in acked and len(acked) == 21, timeout=60)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    [dead] = _dead_letters_from(stack, {topic}, 1)[topic]
+    headers = dict(dead.headers())
+    reason = headers[names.HEADER_DLQ_REASON].decode()
+    assert reason.startswith("oversized: ") and "BRIDGE_MAX_RECORD_BYTES=900000" in reason, reason
+    assert "dropped the 17 headers that came with the message" in reason
+    assert dead.value() == _reading(f"{prefix}-x", 1) and "p0" not in headers
+    good = _records(stack, names.TEMPERATURE_DATA, lambda rs: len(_with_prefix(rs, prefix)) >= 20, 60)
+    assert len(_with_prefix(good, prefix)) == 20
+    wait_until("window empty", lambda: _metric(stack, "bridge_in_flight") == 0, timeout=30)
+    assert _metric(stack, "bridge_window_size") == 1000
+    assert _metric(stack, 'bridge_dead_letters_dropped_total{reason="oversized"}') == 0
+
+
+OWNED_RULES = """
+[[rule]]
+mqtt = "owned/{site}/devices/{device_id}/sensors/{sensor_id}/temperature"
+kafka_topic = "temperature-data"
+key = "{sensor_id}"
+contract = "temperature-reading"
+"""
+
+
+def _register(stack, sensor: str, device: str | None) -> None:
+    value = None if device is None else json.dumps(
+        {"sensor_id": sensor, "name": sensor, "device_id": device, "sensor_type_id": "t"}).encode()
+    producer = Producer({"bootstrap.servers": stack["kafka"]})
+    producer.produce(names.SENSOR_REGISTRATION, value, sensor.encode())
+    assert producer.flush(30) == 0
+
+
+def test_readings_of_unregistered_or_foreign_sensors_are_dead_lettered_and_registered_ones_delivered(
+        stack, tmp_path):
+    """A bridge with BRIDGE_SENSOR_OWNERS_TOPIC: it reads sensor-registration before it subscribes and
+    follows it afterwards. (Its own rule and share group under owned/..., so the module's other tests
+    never meet it.)"""
+    lab, prefix = stack["lab"], f"own{uuid.uuid4().hex[:4]}"
+    registered, late, unregistered = f"{prefix}-1", f"{prefix}-2", f"{prefix}-3"
+    create_topics_once(stack, names.SENSOR_REGISTRATION)
+    _register(stack, registered, "d1")
+    _register(stack, f"{prefix}-gone", "d1")
+    _register(stack, f"{prefix}-gone", None)                  # a tombstone removes it again
+    rules = tmp_path / "rules.toml"
+    rules.write_text(OWNED_RULES)
+    rules.chmod(0o644)
+    tmp_path.chmod(0o755)
+    owned = lab.run("services", "bridge-own", "iot-bridge", memory="256m", volumes={
+        str(stack["secrets"]): "/run/secrets:ro", str(rules): "/etc/iot/bridge-rules.toml:ro"}, env={
+            "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_CLIENT_ID": "bridge-own-1",
+            "BRIDGE_SHARE_GROUP": "bridge-own", "BRIDGE_MAPPING_FILE": "/etc/iot/bridge-rules.toml",
+            "BRIDGE_KAFKA_BOOTSTRAP": stack["kafka_internal"], "BRIDGE_SITE": SITE, "BRIDGE_COMMANDS_TOPIC": "none",
+            "BRIDGE_SENSOR_OWNERS_TOPIC": names.SENSOR_REGISTRATION})
+
+    def healthy() -> bool:
+        probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9102/healthz', timeout=3)"
+        return docker("exec", owned, "python", "-c", probe, check=False).returncode == 0
+
+    try:
+        wait_until("the owner-checking bridge healthy", healthy, timeout=120,
+                   on_timeout=lambda: lab.logs("bridge-own"))
+        logs = lab.logs("bridge-own", tail=200)
+        assert "sensor owners read to the end" in logs and "sensors=" in logs, logs
+        _register(stack, late, "d1")                          # registered while the bridge runs
+        time.sleep(3)
+        topics = {name: f"owned/{SITE}/devices/{device}/sensors/{sensor}/temperature"
+                  for name, device, sensor in (("registered", "d1", registered), ("late", "d1", late),
+                                               ("unregistered", "d1", unregistered),
+                                               ("foreign", "d2", registered), ("gone", "d1", f"{prefix}-gone"))}
+        client, acked, _sent = _device(stack, "device-own")
+        try:
+            for topic in topics.values():
+                sensor = topic.split("/")[5]
+                client.publish(topic, _reading(sensor, 1), qos=1).wait_for_publish(30)
+            wait_until("device PUBACKs", lambda: len(acked) == len(topics), timeout=60)
+        finally:
+            client.loop_stop()
+            client.disconnect()
+        dead = _dead_letters_from(stack, {topics["unregistered"], topics["foreign"], topics["gone"]}, 3)
+        reasons = {source: dict(rs[0].headers())[names.HEADER_DLQ_REASON].decode() for source, rs in dead.items()}
+        assert reasons[topics["unregistered"]] == (
+            f"unregistered_sensor: sensor {unregistered} is not registered; register it with iot-registrar "
+            "(sensor-registration) before its device publishes")
+        assert reasons[topics["gone"]].startswith("unregistered_sensor: ")
+        assert reasons[topics["foreign"]] == f"foreign_sensor: sensor {registered} belongs to device d1, not d2"
+        delivered = _records(stack, names.TEMPERATURE_DATA, lambda rs: len(_with_prefix(rs, prefix)) >= 2, 60)
+        ours = _with_prefix(delivered, prefix)
+        assert sorted((r.key().decode(), json.loads(r.value())["device_id"]) for r in ours) == [
+            (registered, "d1"), (late, "d1")]
+        assert all(dict(r.headers())[names.HEADER_MQTT_TOPIC].decode().startswith("owned/") for r in ours)
+    finally:
+        docker("rm", "-f", owned, check=False)
+
+
+def create_topics_once(stack, *topics: str) -> None:
+    """Create topics unless an earlier test did (a compacted sensor-registration, as the topics role makes it)."""
+    from confluent_kafka.admin import AdminClient
+    have = AdminClient({"bootstrap.servers": stack["kafka"]}).list_topics(timeout=30).topics
+    missing = [t for t in topics if t not in have]
+    if missing:
+        create_topics(stack["cluster"], *missing, config={"cleanup.policy": "compact"})

@@ -279,3 +279,66 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
     finally:
         session.cluster.shutdown()
         docker("rm", "-f", f"{lab.network}-dc-adapter", check=False)
+
+
+def test_a_readings_table_created_before_device_id_gets_the_column_at_start_and_stores_it(stack, tmp_path):
+    """Issue 26: readings name their device. A table an older adapter created has no device_id column; the
+    adapter adds it at start (ALTER TABLE ... ADD IF NOT EXISTS) and writes the device of each reading."""
+    from dataclasses import replace
+
+    from services.adapter.schema import create_keyspace_cql, create_table_cql, layout
+    from services.common import contracts
+
+    lab, kafka, cassandra, _session = stack
+    keyspace, topic = "itest_old", "legacy-temperature-data"
+    readings = layout(contracts.READING.name)
+    before = replace(readings, columns=tuple(c for c in readings.columns if c[0] != "device_id"))
+    session = cassandra.session(timeout=60)
+    try:
+        session.execute(create_keyspace_cql(keyspace, {"dc1": 1}), timeout=60)
+        session.execute(create_table_cql(keyspace, "temperature_readings", before), timeout=60)
+
+        def columns() -> set[str]:
+            return {r.column_name for r in session.execute(
+                "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s",
+                (keyspace, "temperature_readings"))}
+
+        assert "device_id" not in columns()
+        create_topics(kafka, topic, partitions=1)
+        mappings = tmp_path / "legacy-mappings.toml"
+        mappings.write_text(MAPPINGS.replace(f'topics = ["{TOPIC}"]', f'topics = ["{topic}"]'))
+        mappings.chmod(0o644)
+        tmp_path.chmod(0o755)
+        lab.run("services", "legacy-adapter", "iot-cassandra-adapter", memory="384m",
+                volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro"}, env={
+                    "ADAPTER_KAFKA_BOOTSTRAP": kafka.internal, "ADAPTER_CASSANDRA_HOSTS": cassandra.internal,
+                    "ADAPTER_CASSANDRA_LOCAL_DC": "dc1", "ADAPTER_GROUP_ID": "itest-legacy-adapter",
+                    "ADAPTER_KEYSPACE": keyspace, "ADAPTER_REPLICATION": "dc1:1",
+                    "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
+        wait_until("the adapter added device_id", lambda: "device_id" in columns(), timeout=240,
+                   on_timeout=lambda: lab.logs("legacy-adapter"))
+        records = _readings(sensors=2, count=10, start_ms=int(time.time() * 1000))
+        for i, record in enumerate(records):
+            if i % 2:
+                record["device_id"] = f"dev-{record['sensor_id']}"      # every other one names its device
+        producer = Producer({"bootstrap.servers": kafka.external})
+        for record in records:
+            producer.produce(topic, key=record["sensor_id"], value=json.dumps(record),
+                             headers=[("site", SITE), ("ingest_ms", str(record["timestamp"] + 1))])
+        assert producer.flush(60) == 0
+        query = session.prepare(f"SELECT sensor_id, toUnixTimestamp(event_time) AS ms, device_id "
+                                f"FROM {keyspace}.temperature_readings "
+                                "WHERE site = ? AND sensor_id = ? AND day = ?")
+        partitions = {(r["sensor_id"], utc_day(r["timestamp"]).date) for r in records}
+
+        def stored() -> dict:
+            rows = [row for sensor, day in partitions for row in session.execute(query, (SITE, sensor, day))]
+            return {(row.sensor_id, row.ms): row.device_id for row in rows}
+
+        wait_until("10 readings stored", lambda: len(stored()) >= 10, timeout=240, interval=3,
+                   on_timeout=lambda: lab.logs("legacy-adapter"))
+        assert stored() == {(r["sensor_id"], r["timestamp"]): r.get("device_id") for r in records}
+        assert "added a column to an existing table" in lab.logs("legacy-adapter", tail=400)
+    finally:
+        session.cluster.shutdown()
+        docker("rm", "-f", f"{lab.network}-legacy-adapter", check=False)

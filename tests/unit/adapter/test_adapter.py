@@ -9,6 +9,7 @@ from services.adapter.app import consumer_config, main
 from services.adapter.mappings import DEFAULT_MAPPINGS, MappingError, Router, parse_mappings
 from services.adapter.schema import (
     RowError,
+    add_columns_cql,
     create_keyspace_cql,
     create_table_cql,
     insert_cql,
@@ -92,6 +93,46 @@ def test_readings_table_is_partitioned_by_site_sensor_day_and_clustered_by_time(
     cql = create_table_cql("iot", "temperature_readings", READINGS)
     assert "PRIMARY KEY ((site, sensor_id, day), event_time)" in cql
     assert "CLUSTERING ORDER BY (event_time DESC)" in cql
+
+
+def test_a_reading_row_stores_the_device_that_published_it_and_null_for_older_readings():
+    base = {"sensor_id": "s-1", "timestamp": 1000, "temperature": 1.0, "unit": "C"}
+    for record, device in ((dict(base, device_id="d1"), "d1"), (base, None)):
+        row = build_row(READINGS, contracts.READING.validate(record), "a", None)
+        assert dict(zip(READINGS.column_names, row.bind(1500, True), strict=True))["device_id"] == device
+    assert "device_id text" in create_table_cql("iot", "temperature_readings", READINGS)
+
+
+def test_a_readings_table_created_before_device_id_gets_the_column_added():
+    old = {"site", "sensor_id", "day", "event_time", "temperature", "unit", "ingest_time", "ingest_latency_ms",
+           "write_time", "write_latency_ms"}
+    assert add_columns_cql("iot", "temperature_readings", READINGS, old) == [
+        "ALTER TABLE iot.temperature_readings ADD IF NOT EXISTS device_id text"]
+    assert add_columns_cql("iot", "temperature_readings", READINGS, old | {"device_id"}) == []     # idempotent
+    assert add_columns_cql("iot", "temperature_readings", READINGS, set()) == []     # not there: CREATE makes it whole
+    # Key columns can never be added to a table: a layout whose key changed needs a new table.
+    assert add_columns_cql("iot", "t", READINGS, {"temperature"}) == [
+        f"ALTER TABLE iot.t ADD IF NOT EXISTS {c} {t}" for c, t, _ in READINGS.all_columns()
+        if c not in {"site", "sensor_id", "day", "event_time", "temperature"}]
+
+
+def test_missing_columns_are_read_from_system_schema_for_every_mapped_table():
+    from types import SimpleNamespace
+
+    from services.adapter.cassandra import missing_column_statements
+
+    class Session:
+        def execute(self, query, params, timeout):
+            self.asked = (query, params)
+            before = tuple(c for c in READINGS.column_names if c != "device_id")      # a table of an older release
+            have = {"temperature_readings": before, "other_table": ("x",)}
+            return [SimpleNamespace(table_name=t, column_name=c) for t, cols in have.items() for c in cols]
+
+    settings = load(parser().parse_args(["--keyspace", "edge"]))
+    session = Session()
+    statements = missing_column_statements(session, settings, DEFAULT_MAPPINGS)
+    assert session.asked[1] == ("edge",) and "system_schema.columns" in session.asked[0]
+    assert statements == ["ALTER TABLE edge.temperature_readings ADD IF NOT EXISTS device_id text"]
 
 
 def test_keyspace_uses_network_topology_with_replication_per_dc():

@@ -34,7 +34,7 @@ def test_valid_reading_is_keyed_by_sensor_and_carries_site_ingest_and_user_prope
     record = router.route(TOPIC, GOOD, [("firmware", "1.2")], now_ms=123)
     assert (record.topic, record.key, record.reason) == ("temperature-data", b"7", None)
     assert json.loads(record.value) == {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.5,
-                                        "unit": "C"}
+                                        "unit": "C", "device_id": "d1"}
     assert _headers(record) == {"firmware": b"1.2", names.HEADER_MQTT_TOPIC: TOPIC.encode(),
                                 names.HEADER_SITE: b"site-a", names.HEADER_INGEST_MS: b"123"}
 
@@ -313,6 +313,11 @@ def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("BRIDGE_COMMANDS_SESSION_TIMEOUT_MS", "20000")
     s = bridge_settings.from_args([])
     assert (s.commands_group_instance_id, s.commands_session_timeout_ms) == ("site-a-bridge-commands-3", 20000)
+    assert (s.max_record_bytes, s.sensor_owners_topic) == (900_000, None)         # the defaults: ownership off
+    monkeypatch.setenv("BRIDGE_MAX_RECORD_BYTES", "500000")
+    monkeypatch.setenv("BRIDGE_SENSOR_OWNERS_TOPIC", "sensor-registration")
+    s = bridge_settings.from_args([])
+    assert (s.max_record_bytes, s.sensor_owners_topic) == (500_000, "sensor-registration")
 
 
 @pytest.mark.parametrize(("env", "match"), [
@@ -321,6 +326,7 @@ def test_settings_defaults_come_from_environment(monkeypatch, tmp_path):
     ({"BRIDGE_SHARE_GROUP": "a/b"}, "must not contain"),
     ({"BRIDGE_COMMANDS_GROUP_INSTANCE_ID": "bridge-commands-{{.Task.Slot}}"}, "unexpanded Swarm template"),
     ({"BRIDGE_COMMANDS_SESSION_TIMEOUT_MS": "400000"}, "must be <= 300000"),
+    ({"BRIDGE_MAX_RECORD_BYTES": "1000"}, "BRIDGE_MAX_RECORD_BYTES=1000 is below 16384"),
 ])
 def test_bad_setting_names_the_variable(monkeypatch, env, match):
     for name, value in env.items():
@@ -355,6 +361,10 @@ def test_help_names_the_environment_variable_of_every_option():
     {"timestamp": 5, "temperature": 2.5, "unit": "c"},
     {"timestamp": 5, "temperature": 2.5, "unit": ""},
     {"sensor_id": "8", "timestamp": 5, "temperature": 2.5, "unit": "C"},
+    {"timestamp": 5, "temperature": 2.5, "unit": "C", "device_id": "d1"},
+    {"timestamp": 5, "temperature": 2.5, "unit": "C", "device_id": "d2"},      # another device than the topic's
+    {"timestamp": 5, "temperature": 2.5, "unit": "C", "device_id": ""},
+    {"timestamp": 5, "temperature": 2.5, "unit": "C", "device_id": None},
     {"timestamp": "5", "temperature": 2.5, "unit": "C"},
     {"timestamp": 10 ** 30, "temperature": 2.5, "unit": "C"},            # beyond 64 bits
     {"timestamp": 253_402_300_800_000, "temperature": 2.5, "unit": "C"},  # year 10000
@@ -533,3 +543,169 @@ def test_handing_over_waits_until_the_session_queue_went_quiet(bridge, monkeypat
     bridge.last_message_at = now[0]
     now[0] = 121.0                                                 # the drain limit always wins
     assert bridge._stopped(drain_until=120.0) is True
+
+
+# ------------------------------------------------------------------ readings name their device (issue 26)
+
+def test_a_reading_carries_the_device_of_its_topic_and_one_naming_another_device_is_dead_lettered(router):
+    other = json.dumps({"timestamp": 1, "temperature": 20.0, "unit": "C", "device_id": "d2"}).encode()
+    assert json.loads(router.route(TOPIC, GOOD, None, 1).value)["device_id"] == "d1"
+    record = router.route(TOPIC, other, None, 1)
+    assert (record.topic, record.reason, record.value) == ("dead-letter", "contract_violation", other)
+    assert "field 'device_id' is 'd2' but the topic says 'd1'" in _headers(record)[names.HEADER_DLQ_REASON].decode()
+
+
+# ------------------------------------------------------------------ every record fits Kafka (issue 26)
+
+BIG_USER_PROPERTIES = [(f"p{i}", "v" * 60_000) for i in range(17)]      # ~1 MB, as the issue's reading had
+
+
+def _size(record) -> int:
+    return len(record.key) + len(record.value or b"") + sum(len(k.encode()) + len(v) for k, v in record.headers)
+
+
+def test_a_reading_whose_user_properties_make_the_record_too_large_is_dead_lettered_without_them(router):
+    record = router.route(TOPIC, GOOD, BIG_USER_PROPERTIES, now_ms=7)
+    headers = _headers(record)
+    reason = headers[names.HEADER_DLQ_REASON].decode()
+    assert (record.topic, record.reason, record.key, record.value) == ("dead-letter", "oversized", b"7", GOOD)
+    assert "over BRIDGE_MAX_RECORD_BYTES=900000: its 17 MQTT user properties take 1020211 bytes" in reason
+    assert "dropped the 17 headers that came with the message" in reason
+    assert not any(k.startswith("p") for k in headers)                       # the device's headers are gone,
+    assert headers[names.HEADER_MQTT_TOPIC] == TOPIC.encode() and headers[names.HEADER_SITE] == b"site-a"   # ours stay
+    assert _size(record) <= 900_000
+
+
+def test_user_properties_within_the_bound_travel_with_the_reading(router):
+    record = router.route(TOPIC, GOOD, BIG_USER_PROPERTIES[:14], now_ms=7)       # 840 kB of user properties
+    assert (record.topic, record.reason) == ("temperature-data", None)
+    assert _headers(record)["p13"] == b"v" * 60_000 and _size(record) <= 900_000
+
+
+def test_a_bad_reading_with_huge_user_properties_is_a_dead_letter_that_fits(router):
+    record = router.route(TOPIC, b"{nope", BIG_USER_PROPERTIES, now_ms=7)
+    assert (record.reason, record.value) == ("invalid_json", b"{nope")
+    assert _size(record) <= 900_000 and "dropped the 17 headers" in _headers(record)[names.HEADER_DLQ_REASON].decode()
+
+
+class _Producer:
+    """Records what the bridge produces; the test reports each delivery (error or not) itself."""
+
+    def __init__(self):
+        self.produced: list[tuple[str, bytes, list, object]] = []
+
+    def produce(self, topic, value, key, headers=None, on_delivery=None):
+        self.produced.append((topic, value, headers, on_delivery))
+
+    def poll(self, _timeout=0):
+        return 0
+
+    def flush(self, _timeout=0):
+        return 0
+
+
+class _Delivered:
+    def __init__(self, topic):
+        self._topic = topic
+
+    def topic(self):
+        return self._topic
+
+
+@pytest.fixture
+def producing_bridge(monkeypatch):
+    from services.bridge import app
+    from services.common.observability import StopFlag
+    s = bridge_settings.BridgeSettings(commands_topic=None, metrics_port=0, window=50, site="site-a")
+    producer = _Producer()
+    b = app.Bridge(s, Mapping.from_dicts(DEFAULT_RULES), StopFlag(), producer=producer)
+    acked: list[int] = []
+    monkeypatch.setattr(b.client, "ack", acked.append)
+    monkeypatch.setattr(b.client, "write", lambda: None)
+    b.acked_mids, b.fake_producer = acked, producer
+    return b
+
+
+def test_the_window_size_is_exported_so_an_alert_can_tell_a_full_window(producing_bridge):
+    from services.bridge import metrics
+    assert metrics.WINDOW_SIZE._value.get() == 50
+
+
+def test_a_dead_letter_kafka_refuses_for_good_is_dropped_counted_logged_and_its_message_acked(producing_bridge,
+                                                                                              caplog):
+    from confluent_kafka import KafkaError
+
+    from services.bridge import metrics
+    b = producing_bridge
+    dropped = metrics.DEAD_LETTERS_DROPPED.labels("oversized")
+    before = dropped._value.get()
+    b._on_message(TOPIC, GOOD, 11, 1, BIG_USER_PROPERTIES)
+    b._on_message(TOPIC, GOOD, 12, 1, None)
+    (dlq_topic, _, _, report_dead), (_, _, _, report_good) = b.fake_producer.produced
+    assert dlq_topic == "dead-letter"
+    report_dead(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)          # refused for good: never again
+    report_good(None, _Delivered("temperature-data"))
+    b._ack()
+    assert b.acked_mids == [11, 12] and len(b.window) == 0 and not b.retries
+    assert len(b.fake_producer.produced) == 2                             # the dead letter was not produced again
+    assert dropped._value.get() == before + 1
+    lines = [r for r in caplog.records if "dead letter dropped" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "ERROR"
+    fields = lines[0].kv
+    assert fields["mqtt_topic"] == TOPIC and "max.message.bytes of dead-letter" in fields["fix"]
+
+
+def test_a_dead_letter_kafka_cannot_take_now_stays_unacked_and_is_produced_again(producing_bridge, monkeypatch):
+    from confluent_kafka import KafkaError
+
+    from services.bridge import app
+    b = producing_bridge
+    b._on_message(TOPIC, b"{nope", 21, 1, None)
+    b.fake_producer.produced[0][3](KafkaError(KafkaError._MSG_TIMED_OUT), None)
+    b._ack()
+    assert b.acked_mids == [] and len(b.retries) == 1
+    monkeypatch.setattr(app.time, "monotonic", lambda: float("inf"))
+    b._retry_due()
+    assert len(b.fake_producer.produced) == 2 and b.fake_producer.produced[1][0] == "dead-letter"
+
+
+def test_a_reading_kafka_refuses_for_good_becomes_a_bounded_kafka_rejected_dead_letter(producing_bridge):
+    from confluent_kafka import KafkaError
+    b = producing_bridge
+    b._on_message(TOPIC, GOOD, 31, 1, BIG_USER_PROPERTIES[:14])
+    topic, value, headers, report = b.fake_producer.produced[0]
+    assert topic == "temperature-data"
+    report(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)             # e.g. the topic's max.message.bytes is lower
+    topic, value, headers, _ = b.fake_producer.produced[1]
+    reason = dict(headers)[names.HEADER_DLQ_REASON].decode()
+    assert topic == "dead-letter" and reason.startswith("kafka_rejected: Kafka refused the record for temperature-data")
+    assert dict(headers)[names.HEADER_DLQ_SOURCE] == TOPIC.encode()
+    assert len(b"7") + len(value) + sum(len(k.encode()) + len(v) for k, v in headers) <= 900_000
+
+
+def test_a_record_produce_refuses_outright_is_permanent_not_retried(producing_bridge):
+    """produce() raising for a record's own arguments (here a header name with no UTF-8) would raise again."""
+    b = producing_bridge
+
+    def refuse(topic, value, key, headers=None, on_delivery=None):
+        if any("\ud800" in k for k, _ in headers or ()):
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        b.fake_producer.produced.append((topic, value, headers, on_delivery))
+
+    b.producer.produce = refuse
+    from services.bridge.routing import OutRecord
+    from services.bridge.window import Entry
+    entry = b.window.add(41, 1, 0.0, OutRecord("temperature-data", b"7", b"{}", [("x\ud800", b"1")]))
+    b._produce(entry)
+    assert [p[0] for p in b.fake_producer.produced] == ["dead-letter"] and not b.retries
+    assert isinstance(entry, Entry) and entry.record.reason == "kafka_rejected"
+
+
+def test_a_command_dead_letter_kafka_refuses_for_good_is_dropped_and_its_offset_finished(producing_bridge):
+    from confluent_kafka import KafkaError
+    b = producing_bridge
+    done: list[bool] = []
+    record = dead_letter("dead-letter", names.DEVICE_COMMANDS, b"k", b"{}", "contract_violation", "bad", 1)
+    b._produce_dead_letter(record, lambda: done.append(True))
+    b.fake_producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    assert done == [True] and len(b.fake_producer.produced) == 1

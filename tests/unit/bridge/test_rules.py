@@ -22,17 +22,24 @@ def test_subscription_replaces_named_segments_with_plus(mapping):
     assert mapping.subscriptions() == ["sites/+/devices/+/sensors/+/temperature"]
 
 
-def test_reading_maps_to_topic_key_and_fills_sensor_id_from_topic(mapping):
+def test_reading_maps_to_topic_key_and_fills_sensor_and_device_id_from_topic(mapping):
     mapped = apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature", READING)
     assert mapped.kafka_topic == "temperature-data"
     assert mapped.key == "7"
-    assert mapped.value == {**READING, "sensor_id": "7"}
+    assert mapped.value == {**READING, "sensor_id": "7", "device_id": "d1"}
     assert mapped.segments == {"site": "site-a", "device_id": "d1", "sensor_id": "7"}
 
 
 def test_payload_contradicting_topic_is_a_contract_error(mapping):
     with pytest.raises(ContractError, match="'sensor_id' is '8' but the topic says '7'"):
         apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature", {**READING, "sensor_id": "8"})
+
+
+def test_payload_naming_another_device_than_its_topic_is_a_contract_error(mapping):
+    with pytest.raises(ContractError, match="'device_id' is 'd2' but the topic says 'd1'"):
+        apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature", {**READING, "device_id": "d2"})
+    assert apply(mapping, "sites/site-a/devices/d1/sensors/7/temperature",
+                 {**READING, "device_id": "d1"}).value["device_id"] == "d1"
 
 
 @pytest.mark.parametrize("topic", [

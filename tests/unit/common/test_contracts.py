@@ -31,7 +31,16 @@ def test_unknown_unit_is_named_with_the_choices():
 def test_valid_reading_is_typed_and_trimmed_to_contract_fields():
     clean = READING.validate({"sensor_id": 7, "timestamp": 1700000000000, "temperature": 21,
                               "unit": "C", "extra": "dropped"})
-    assert clean == {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.0, "unit": "C"}
+    assert clean == {"sensor_id": "7", "timestamp": 1700000000000, "temperature": 21.0, "unit": "C",
+                     "device_id": None}
+
+
+def test_a_reading_may_name_its_device_and_older_readings_without_one_stay_valid():
+    base = {"sensor_id": "7", "timestamp": 1, "temperature": 1.0, "unit": "C"}
+    assert READING.validate({**base, "device_id": "d1"})["device_id"] == "d1"
+    assert READING.validate(base)["device_id"] is None
+    with pytest.raises(ContractError, match="'device_id' must not be empty"):
+        READING.validate({**base, "device_id": ""})
 
 
 @pytest.mark.parametrize("record, reason", [
@@ -56,7 +65,7 @@ def test_optional_fields_may_be_absent():
 
 def test_spark_ddl_lists_every_field_with_its_type():
     assert contracts.spark_ddl("temperature-reading") == (
-        "`sensor_id` STRING, `timestamp` BIGINT, `temperature` DOUBLE, `unit` STRING")
+        "`sensor_id` STRING, `timestamp` BIGINT, `temperature` DOUBLE, `unit` STRING, `device_id` STRING")
 
 
 def test_unknown_contract_lists_known_ones():
