@@ -18,6 +18,9 @@ ROLLUPS_1M = "temperature-rollups-1m"
 NOTIFICATIONS = "notifications"
 DEVICE_COMMANDS = "device-commands"
 DEAD_LETTER = "dead-letter"
+# Device logins of an edge site (compacted; key device id, value services/common/device_credentials.py's JSON,
+# a tombstone removes the device): written by iot-devices, read by mosquitto-agent into Mosquitto's iot_gate.
+DEVICE_CREDENTIALS = "device-credentials"
 
 # Kafka headers added by the bridge (site and ingest time travel beside the value).
 HEADER_SITE = "site"
@@ -34,6 +37,10 @@ HEADER_DLQ_OFFSET = "dlq_offset"        # "<partition>:<offset>" of a Kafka sour
 # broker, so a device can write only its own readings and read only its own commands (docs/security.md).
 MQTT_READINGS = "sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature"
 MQTT_COMMANDS = "sites/{site}/devices/{device_id}/commands"
+# The iot_gate plugin's control topics (services listener, agent accounts only): mosquitto-agent publishes
+# snapshot/upsert/remove/stats requests and reads the plugin's JSON answers (images/mosquitto/plugin/iot_gate.c).
+MQTT_GATE_CONTROL = "$CONTROL/iot-gate/v1"
+MQTT_GATE_RESPONSE = "$CONTROL/iot-gate/v1/response"
 
 # Kafka consumer groups: service -> group name. A service runs in the group "<owner>-<name>", where owner is
 # the alias of the site (or of the datacenter) whose Kafka it reads, e.g. site-a-cassandra-adapter and

@@ -8,6 +8,7 @@ the offending import.
   services.mqtt     services.common
   services.bridge   services.common, services.mqtt
   services.adapter  services.common
+  services.mosquitto_agent  services.common, services.mqtt
   services.tools    services.common
   spark/            services.common (the Spark image installs no other services package)
   services/, tooling/  never `tests`
@@ -130,6 +131,7 @@ RULES = [
     _services_rule("mqtt", "common"),
     _services_rule("bridge", "common", "mqtt"),
     _services_rule("adapter", "common"),
+    _services_rule("mosquitto_agent", "common", "mqtt"),
     _services_rule("tools", "common"),
     Rule("spark", ("spark",), frozenset({"services.common"})),
     Rule("services and tooling", ("services", "tooling"), None, forbidden=("tests",)),
