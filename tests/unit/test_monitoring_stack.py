@@ -65,7 +65,7 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
         targets = [t for c in jobs[role]["static_configs"] for t in c["targets"]]
         assert targets == [f"{role}-{n['id']}:9404" for n in topology[role]]
         assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
-    services = {"bridge", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
+    services = {"bridge", "mosquitto-agent", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
     assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark", "node"} | services
     spark_jobs = [job["name"] for job in stack_defaults()["stack_spark"]["jobs"][SITES[group]]]
     assert [(c["targets"], c["labels"]) for c in jobs["spark"]["static_configs"]] == [
@@ -74,13 +74,52 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
                                                "refresh_interval": "30s"}]
     for job in (services - {"mirrormaker"}) | {"node"}:
         assert jobs[job]["relabel_configs"] == [{"target_label": "site", "replacement": site}]
-    # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge, the
-    # sites no MirrorMaker).
+    # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge and no
+    # Mosquitto, the sites no MirrorMaker).
     named = {job for rule in alert_rules.rules() for match in re.findall(r'job=~?"([^"]+)"', rule["expr"])
              for job in match.split("|")}
-    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node"}
-    assert named <= set(jobs) | {"bridge", "mirrormaker"}
+    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node", "mosquitto-agent"}
+    assert named <= set(jobs) | {"bridge", "mosquitto-agent", "mirrormaker"}
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+
+
+# The services' jobs: job, the stack's service, the service's metrics port setting, that port.
+SERVICE_JOBS = {
+    "edge": [("bridge", "bridge", "BRIDGE_METRICS_PORT", 9102),
+             ("mosquitto-agent", "mosquitto-agent", "MOSQUITTO_AGENT_METRICS_PORT", 9103),
+             ("adapter", "cassandra-adapter", "ADAPTER_METRICS_PORT", 9102)],
+    "datacenter": [("adapter", "cassandra-adapter", "ADAPTER_METRICS_PORT", 9102)],
+}
+
+
+@pytest.mark.parametrize("group, job, service, variable, port",
+                         [(group, *job) for group, tier in SITES.items() for job in SERVICE_JOBS[tier]])
+def test_each_service_job_scrapes_every_task_of_its_service_on_its_metrics_port(example, group, job, service,
+                                                                                variable, port):
+    jobs = {j["job_name"]: j for j in _scrape_config(example, group)["scrape_configs"]}
+    assert jobs[job]["dns_sd_configs"] == [{"names": [service], "type": "A", "port": port, "refresh_interval": "30s"}]
+    services = render(SITES[group], _topology(example, group))["services"]
+    assert service in services, f"the {job} job scrapes {service}, which the {SITES[group]} stack does not run"
+    # dnsrr: the service's name resolves to each task, not to one virtual IP in front of them.
+    assert services[service]["deploy"]["endpoint_mode"] == "dnsrr"
+    assert services[service]["environment"].get(variable) == str(port), \
+        f"{service} must serve /metrics on {port} ({variable}), where Prometheus scrapes it"
+
+
+@pytest.mark.parametrize("group", [group for group, tier in SITES.items() if tier == "edge"])
+def test_the_mosquitto_agent_exports_the_limits_mosquitto_runs_with(example, group):
+    """MosquittoQueueFilling and MosquittoMemoryHigh compare Mosquitto's figures with the limits the agent
+    exports; the agent is told them by the stack (0 or unset: not exported, the alert cannot fire)."""
+    hostvars, groups = example
+    agent = render(SITES[group], _topology(example, group))["services"]["mosquitto-agent"]["environment"]
+    # Mosquitto's memory_limit: 85 % of its container's memory, in bytes (the role's vars/main.yml).
+    memory = stack_defaults()["stack_resources"]["mosquitto"]["memory"]
+    assert memory.endswith("M") and int(agent["MOSQUITTO_AGENT_MEMORY_LIMIT"]) == int(int(memory[:-1]) * 2**20 * 0.85)
+    conf = render_role_template("mosquitto.conf.j2", hostvars, groups, group, SITES[group],
+                                iot_site_alias=group.replace("_", "-"),
+                                __stack_mqtt_memory_limit=agent["MOSQUITTO_AGENT_MEMORY_LIMIT"])
+    settings = dict(line.split(" ", 1) for line in conf.splitlines() if line and not line.startswith("#"))
+    assert settings["max_queued_messages"] == agent["MOSQUITTO_AGENT_MAX_QUEUED_MESSAGES"]
 
 
 @pytest.mark.parametrize("group", SITES)

@@ -33,6 +33,7 @@ OWNERS = (
     ("cassandra_", "cassandra"),
     ("iot_adapter_", "adapter"),
     ("bridge_", "bridge"),
+    ("mosquitto_", "mosquitto-agent"),
     ("spark_streaming_", "spark"),
     ("node_", "node-exporter"),
     ("process_", "every process"),
