@@ -48,11 +48,13 @@ from services.common import names
 from services.common.observability import StopFlag
 from tooling.paho_bridge import PahoBridge
 from tooling.progress import log
-from tooling.testbed.docker_lab import Lab, docker, free_port, mosquitto_password_file, wait_until
+from tooling.testbed.docker_lab import Lab, docker, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
-from tooling.testbed.mosquitto import TLS_ENV, tls_files
+from tooling.testbed.mosquitto import BRIDGE_USER, start_site_mosquitto
 
-USER, PASSWORD = "bench", "bench-pw"
+# The bridges and the plaintext publishers log in as the bridge (client ids bridge-*) on the services
+# listener; the TLS leg's publishers are devices pub-<n> on the device listener, as devices connect.
+USER, PASSWORD = BRIDGE_USER, "bench-pw"
 SITE = "bench"
 PARTITIONS = 3
 
@@ -77,7 +79,7 @@ DESCRIPTIONS = {"naive": "PUBACK on receipt", "late": "PUBACK after Kafka ack",
 def _subscribe_session(host: str, variant: str, expiry: int) -> None:
     """Create the bridge's persistent session and shared subscription before anything is published."""
     done = threading.Event()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{variant}",
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bridge-bench-{variant}",
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(USER, PASSWORD)
     readings = names.MQTT_READINGS.format(site="+", device_id="+", sensor_id="+")
@@ -97,6 +99,9 @@ def _publish(lab: Lab, messages: int, publishers: int, tls: bool = False) -> flo
     """mosquitto_pub -l in the Mosquitto container, `publishers` processes in parallel; returns msg/s.
     With `tls`, as devices connect: to 8883, checking the broker's certificate against the CA."""
     where = "-h 127.0.0.1 -p 8883 --cafile /run/secrets/ca.crt" if tls else "-h 127.0.0.1 -p 1883"
+
+    def login(n: int) -> str:
+        return f"-u pub-{n} -P {PASSWORD} -i pub-{n}" if tls else f"-u {USER} -P {PASSWORD} -i bridge-pub-{n}"
     per = messages // publishers
     jobs = []
     for n in range(publishers):
@@ -104,7 +109,7 @@ def _publish(lab: Lab, messages: int, publishers: int, tls: bool = False) -> flo
         awk = "{printf \"" + fmt.replace('"', '\\"') + "\\n\", $1}"
         topic = names.MQTT_READINGS.format(site=SITE, device_id=f"pub-{n}", sensor_id=f"s{n}")
         jobs.append(f"seq {n * per} {(n + 1) * per - 1} | awk {shlex.quote(awk)} | "
-                    f"mosquitto_pub -q 1 -M 1000 -l {where} -u {USER} -P {PASSWORD} -i pub-{n} -t {topic} &")
+                    f"mosquitto_pub -q 1 -M 1000 -l {where} {login(n)} -t {topic} &")
     script = " ".join(jobs)
     start = time.monotonic()
     result = lab.exec("mosquitto", "sh", "-c", f"{script} wait", timeout=600)
@@ -139,7 +144,7 @@ def _run_bridge(variant: str, cls: type[Bridge], mqtt_host: str, kafka: str, mes
                 stop: StopFlag, timeout: float) -> tuple[float, bool]:
     """Drain the backlog with one bridge; (msg/s, finished). A timed-out run reports its partial rate."""
     s = BridgeSettings(mqtt_host=mqtt_host, mqtt_username=USER, mqtt_password=PASSWORD,
-                       client_id=f"bench-{variant}", share_group=f"bench-{variant}", kafka_bootstrap=kafka,
+                       client_id=f"bridge-bench-{variant}", share_group=f"bench-{variant}", kafka_bootstrap=kafka,
                        site=SITE, window=window, commands_topic=None, metrics_port=0, drain_s=5)
     mapping = Mapping.from_dicts([{"mqtt": names.MQTT_READINGS,
                                    "kafka_topic": f"bench-{variant}", "key": "{sensor_id}",
@@ -180,12 +185,11 @@ def main(argv: list[str] | None = None) -> int:
 
     lab = Lab()
     try:
-        secrets = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
-        mosquitto_password_file(secrets, {USER: PASSWORD})
-        tls_files(secrets, "mosquitto")
+        work = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
         log("bench", "starting mosquitto and kafka")
-        lab.run("mosquitto", "mosquitto", ports={free_port(): 1883}, volumes={str(secrets): "/run/secrets:ro"},
-                env={"MOSQUITTO_PASSWORD_FILE": "/run/secrets/passwd", **TLS_ENV}, memory="768m")
+        # The site's configuration without the per-device rate limit (the publishers go as fast as they can).
+        start_site_mosquitto(lab, work, {f"pub-{n}": PASSWORD for n in range(args.publishers)}, SITE, PASSWORD,
+                             memory="768m", stack_mqtt_device_max_rate=0)
         mqtt_host = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
                            f"{lab.network}-mosquitto").stdout.strip()
         cluster = start_kafka_cluster(lab)

@@ -107,7 +107,7 @@ def publish(port: int, ca: str, device: str, password: str, rate: float, seconds
             else:
                 refused[0] += 1
 
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"bench-{device}", protocol=mqtt.MQTTv5)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=device, protocol=mqtt.MQTTv5)
     client.username_pw_set(device, password)
     client.tls_set(ca_certs=ca)
     client.max_inflight_messages_set(1000)
@@ -268,6 +268,8 @@ def publish_phase(pipeline, observers: dict, args: argparse.Namespace, rate: int
     spawn = multiprocessing.get_context("spawn")
     devices = sorted(pipeline.devices)[:args.publishers]
     sensors = {d: [f"{tag}-{d}-{k}" for k in range(args.sensors // len(devices))] for d in devices}
+    from tooling.testbed import pipeline as stack
+    stack.register_sensors(pipeline, sensors)
     results = spawn.Queue()
     publishers = [spawn.Process(target=publish, args=(pipeline.mqtt_port, pipeline.mqtt_ca, d, pipeline.devices[d],
                                                       rate / len(devices), args.seconds, sensors[d], args.run, results),

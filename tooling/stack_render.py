@@ -59,7 +59,8 @@ def stack_settings() -> dict:
         "kafka_operator_user": d["stack_kafka_operator_user"],
         "mqtt": {"tls_port": d["stack_mqtt_tls_port"],
                  "max_queued_messages": d["stack_mqtt_max_queued_messages"],
-                 "memory_limit": int(filters_math["human_to_bytes"](d["stack_resources"]["mosquitto"]["memory"]) * 0.85),
+                 "memory_limit": int(filters_math["human_to_bytes"](
+                     d["stack_resources"]["mosquitto"]["memory"]) * 0.85),
                  "device_auth": d["stack_mqtt_device_auth"], "agent_user": d["stack_mqtt_agent_user"]},
         "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
         "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],

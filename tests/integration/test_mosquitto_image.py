@@ -479,7 +479,8 @@ def test_a_snapshot_replaces_the_table_and_survives_a_restart(lab, broker):
 def test_the_control_topic_is_the_agents_only(broker):
     bridge = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "plain", client_id="bridge-3")
     try:
-        assert bridge.publish("$CONTROL/iot-gate/v1", f"upsert\n{_line('site-a-sneak', 'sneaky-password-1')}".encode()) \
+        sneak = f"upsert\n{_line('site-a-sneak', 'sneaky-password-1')}".encode()
+        assert bridge.publish("$CONTROL/iot-gate/v1", sneak) \
             == 0x87
         assert bridge.subscribe("$CONTROL/iot-gate/v1/response") == 0x87
     finally:
@@ -527,7 +528,8 @@ def device_pki(tmp_path_factory):
           .not_valid_after(now + dt.timedelta(days=1))
           .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
     return {"ca": ca.public_bytes(serialization.Encoding.PEM).decode(),
-            DEVICE: _certificate(key, ca, DEVICE, directory), OTHER_DEVICE: _certificate(key, ca, OTHER_DEVICE, directory)}
+            DEVICE: _certificate(key, ca, DEVICE, directory),
+            OTHER_DEVICE: _certificate(key, ca, OTHER_DEVICE, directory)}
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ REGISTRATION_TOPICS = (names.SENSOR_TYPE_REGISTRATION, names.DEVICE_REGISTRATION
 @pytest.fixture(scope="module")
 def mosquitto(lab, tmp_path_factory):
     """A site's Mosquitto, and the simulator's secrets: its devices' logins and the CA."""
-    broker = start_site_mosquitto(lab, tmp_path_factory.mktemp("mosquitto"), {BRIDGE[0]: BRIDGE[1], **FLEET}, SITE)
+    broker = start_site_mosquitto(lab, tmp_path_factory.mktemp("mosquitto"), FLEET, SITE, BRIDGE[1])
     secrets = tmp_path_factory.mktemp("simulator-secrets")
     (secrets / "mqtt_credentials").write_text(json.dumps(FLEET))
     shutil.copyfile(broker["ca"], secrets / "mqtt_ca.pem")
@@ -46,7 +46,7 @@ def test_simulator_publishes_count_readings_all_acked_and_received(lab, mosquitt
     broker, secrets = mosquitto
     received = []
     subscribed = threading.Event()
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="counter", protocol=MQTTProtocolVersion.MQTTv5)
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bridge-counter", protocol=MQTTProtocolVersion.MQTTv5)
     sub.username_pw_set(*BRIDGE)            # the bridge's login, on the plain listener as on the overlay
     sub.on_connect = lambda c, *_: c.subscribe(
         names.MQTT_READINGS.format(site=SITE, device_id="+", sensor_id="+"), qos=1)

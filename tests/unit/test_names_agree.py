@@ -223,7 +223,8 @@ def test_bridge_rules_map_mqtt_readings_to_temperature_data(path):
             f"{where}[{i}].kafka_topic = {rule['kafka_topic']!r} is not created by topics_edge"
 
 
-DEVICE_TEMPLATES = {"stack_mqtt_device_publish": names.MQTT_READINGS, "stack_mqtt_device_subscribe": names.MQTT_COMMANDS}
+DEVICE_TEMPLATES = {"stack_mqtt_device_publish": names.MQTT_READINGS,
+                    "stack_mqtt_device_subscribe": names.MQTT_COMMANDS}
 DEVICE_ENTRIES = all_entries("mqtt-device")
 
 

@@ -217,12 +217,12 @@ def test_lab_secrets_pass_preflight(lab):
     values = yaml.safe_load(lab.secret_group_vars(lab.create_secrets()))
     assert filters.secret_refusals({k: values[k] for k in USERS}, users=USERS,
                                    mqtt_users=values["stack_mqtt_users"]) == []
-    assert set(values["stack_mqtt_users"]) == {"bridge"}
+    assert set(values["stack_mqtt_users"]) == {"bridge", "mosquitto-agent"}
     for site in ("site-a", "site-b"):
         devices = lab.device_credentials(site)
         assert filters.secret_refusals({}, mqtt_devices=devices) == []
         assert filters.mqtt_device_refusals(devices, values["stack_mqtt_users"]) == []
-        assert len(set(devices.values())) == len(devices) == lab.FLEET_DEVICES + 1
+        assert len(set(devices.values())) == len(devices) == len(lab.device_ids(site))
     assert "password" not in lab.LAB_GROUP_VARS          # lab.yml holds sizes only
 
 

@@ -94,7 +94,8 @@ def test_the_mqtt_services_logins_are_stable_and_salted_per_user_with_the_deploy
 
 def test_inventory_devices_hash_stably_and_never_alike():
     key = "k" * 43
-    hashes = filters.mqtt_device_hashes({"press-1": "pw-one-long-enough", "press-2": "pw-one-long-enough"}, "site-a", key)
+    passwords = {"press-1": "pw-one-long-enough", "press-2": "pw-one-long-enough"}
+    hashes = filters.mqtt_device_hashes(passwords, "site-a", key)
     assert hashes == filters.mqtt_device_hashes({"press-2": "pw-one-long-enough", "press-1": "pw-one-long-enough"},
                                                 "site-a", key)
     assert hashes["press-1"] != hashes["press-2"] and hashes["press-1"].startswith("$7$1000$")

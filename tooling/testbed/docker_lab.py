@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tooling import images, pins
 
@@ -29,16 +28,6 @@ def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     if check and result.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
-
-
-def mosquitto_password_file(directory: Path, users: dict[str, str]) -> None:
-    """`directory`/passwd for Mosquitto, hashed by the image's own mosquitto_passwd as an operator would;
-    the directory is opened up so the container's users can read it (test secrets only)."""
-    directory.chmod(0o777)
-    script = " && ".join(f"mosquitto_passwd -b {'-c ' if i == 0 else ''}/out/passwd {user} {password}"
-                         for i, (user, password) in enumerate(users.items()))
-    docker("run", "--rm", "-v", f"{directory}:/out", image("mosquitto"), "sh", "-c",
-           f"{script} && chmod 644 /out/passwd")
 
 
 def free_port() -> int:

@@ -35,7 +35,9 @@ def site_config(site: str, **overrides: object) -> str:
         env.filters.update({f"ansible.builtin.{name}": f for name, f in module.filters().items()})
     # The role's own derived value (vars/main.yml), rendered from its expression there.
     role_vars = yaml.safe_load((REPO / "ansible/roles/stack/vars/main.yml").read_text())
-    variables["__stack_mqtt_memory_limit"] = env.from_string(role_vars["__stack_mqtt_memory_limit"]).render(variables)
+    if "__stack_mqtt_memory_limit" not in overrides:
+        expression = role_vars["__stack_mqtt_memory_limit"]
+        variables["__stack_mqtt_memory_limit"] = env.from_string(expression).render(variables)
     return env.get_template("mosquitto.conf.j2").render(ansible_managed="test", iot_site_alias=site, **variables)
 
 
@@ -83,6 +85,8 @@ def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], s
     data.mkdir(parents=True, exist_ok=True)
     ca = tls_files(secrets, name)
     (secrets / "mqtt_services").write_text(services_accounts(bridge_password, agent_password))
+    # memory_limit as the role derives it (85 % of the container's memory), from this container's `memory`.
+    config.setdefault("__stack_mqtt_memory_limit", int(_bytes(memory) * 0.85))
     (secrets / "mosquitto.conf").write_text(site_config(site, **config))
     (data / "iot-devices").write_text(device_table(devices))
     if device_ca:                        # stack_mqtt_device_auth: certificate
@@ -102,6 +106,12 @@ def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], s
     if open_gate:
         open_device_gate(plain, bridge_password)
     return broker
+
+
+def _bytes(size: str) -> int:
+    """Docker's memory sizes ("256m", "1g") in bytes."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    return int(size[:-1]) * units[size[-1].lower()] if size[-1].lower() in units else int(size)
 
 
 def bridge_login(port: int, password: str, subscribe: str | None = None, host: str = "127.0.0.1") -> int | None:
