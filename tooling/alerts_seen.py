@@ -3,7 +3,9 @@
 The fault suite (tooling/chaos.py) watches the site's Prometheus (HTTPS on the apps node, the operator's
 login and the lab's CA, as an operator's browser) from the fault on, and reports each alert that started
 firing after it with its delay; a case whose fault fired nothing it expects fails. Alerts already firing
-before the fault are left out, so a stuck alert of an earlier case is not credited to this one.
+before the fault are left out, so a stuck alert of an earlier case is not credited to this one; except that
+an alert whose value counts events in a window (COUNTING: Mosquitto's starts, a login's offences) counts
+again when its value grows, since it stays firing across consecutive cases.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tooling import lab
 
 USER = "operator"               # stack_prometheus_user's default
 POLL_S = 5.0
+COUNTING = {"MosquittoRestarted", "MqttLoginMisused"}       # alerts whose value is a count of events
 
 
 def _apps_node(hosts: list[lab.LabHost], site: str) -> lab.LabHost:
@@ -40,6 +43,13 @@ def firing(hosts: list[lab.LabHost], site: str, timeout: float = 10) -> dict[str
     return {key(a["labels"]): a for a in alerts if a.get("state") == "firing"}
 
 
+def _value(alert: dict) -> float:
+    try:
+        return float(alert.get("value", 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def key(labels: dict) -> str:
     """An alert's name and the labels that tell its instances apart (not the annotations)."""
     shown = {k: v for k, v in sorted(labels.items()) if k not in ("alertname", "severity", "instance", "job")}
@@ -52,7 +62,7 @@ class AlertWatch:
     hosts: list[lab.LabHost]
     site: str
     fault_at: float = 0.0
-    before: set[str] = field(default_factory=set)
+    before: dict[str, float] = field(default_factory=dict)     # alert key -> value, firing before the fault
     seen: dict[str, float] = field(default_factory=dict)      # alert key -> seconds after the fault
     errors: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -60,7 +70,7 @@ class AlertWatch:
 
     def start(self) -> AlertWatch:
         """Call just before the fault."""
-        self.before = set(self._poll())
+        self.before = {name: _value(alert) for name, alert in self._poll().items()}
         self.fault_at = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -75,8 +85,11 @@ class AlertWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            for name in self._poll():
-                if name not in self.before and name not in self.seen:
+            for name, alert in self._poll().items():
+                if name in self.seen:
+                    continue
+                again = name.split("{", 1)[0] in COUNTING and _value(alert) > self.before.get(name, 0.0)
+                if name not in self.before or again:
                     self.seen[name] = time.time() - self.fault_at
 
     def stop(self) -> dict[str, float]:

@@ -20,7 +20,7 @@ starts simulated devices at every site and prints a status table.
   scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose           services per site; tasks and logs of those not fully running
   scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
-                                 (scripts/lab runs `python -m tooling.chaos` for it)
+                                 (scripts/lab runs `python -m tooling.fault_suite` for it)
   scripts/lab down               remove everything the lab made
 
 Each lab has its own random secrets (Cassandra, MQTT users): `up` creates them
@@ -41,7 +41,7 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,9 +62,10 @@ HOST_RUN_OPTIONS = [
 # the tests and the fault suite publish as. Passwords derive from the lab's random "device" secret.
 FLEET_DEVICES = 3
 KAFKA_OPERATOR_USER = "operator"    # stack_kafka_operator_user's default
-# The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT users', the
-# Kafka operator's and relay's.
-SECRET_NAMES = ("cassandra", "cassandra_adapter", "bridge", "device", "kafka_operator", "kafka_relay")
+# The lab's secrets by name: the Cassandra superuser's and adapter's passwords, the MQTT services' (bridge,
+# mosquitto-agent), the key the devices' passwords derive from, the Kafka operator's and relay's.
+SECRET_NAMES = ("cassandra", "cassandra_adapter", "bridge", "mosquitto_agent", "device", "kafka_operator",
+                "kafka_relay")
 SECRETS_FILE = "secrets.json"
 SECRET_LENGTH = 32                  # letters and digits: about 190 bits, and safe in YAML, shells and CQL
 SECRET_ALPHABET = string.ascii_letters + string.digits
@@ -214,13 +215,62 @@ LAB_SECRETS: Mapping[str, str] = _LabSecrets()
 
 
 def device_ids(site: str) -> list[str]:
-    """The device logins of one edge site: the simulator's fleet (services/tools/fleet.py ids), then test_device."""
-    return [f"{site}-dev-{n}" for n in range(1, FLEET_DEVICES + 1)] + [test_device(site)]
+    """The device logins of one edge site: the simulator's fleet (services/tools/fleet.py ids), test_device, then
+    the probe devices and the abuser of tooling/abuse.py."""
+    return ([f"{site}-dev-{n}" for n in range(1, FLEET_DEVICES + 1)] + [test_device(site)]
+            + probe_devices(site) + [abuser_device(site)])
 
 
 def test_device(site: str) -> str:
     """The device the lab tests and the fault suite publish as at `site`."""
     return f"{site}-lab"
+
+
+# ---------------------------------------------------------------- probe and abuser devices (tooling/abuse.py)
+# Every concurrent MQTT connection needs a login of its own (the broker binds a client id to its login), so the
+# abusive-device cases and load probes get devices of their own besides test_device.
+PROBE_DEVICES = 12
+
+
+def probe_devices(site: str) -> list[str]:
+    """Devices that publish as honest devices beside an abuser, or as load (tooling/abuse.py): `{site}-probe-N`."""
+    return [f"{site}-probe-{n}" for n in range(1, PROBE_DEVICES + 1)]
+
+
+def abuser_device(site: str) -> str:
+    """The device whose valid login the abusive-device cases misuse (tooling/abuse.py)."""
+    return f"{site}-abuser"
+
+
+def register_sensors(site: str, device: str, sensor_ids: Iterable[str], wait_s: float = 3.0,
+                     bootstrap: str | None = None) -> None:
+    """Register `device` and its sensors at `site` (device-registration, sensor-registration and the
+    temperature-c sensor type, services/common/contracts.py) through the operator's login on the site's
+    EXTERNAL listener, then wait `wait_s` for the bridge to read them: a reading of a sensor that is not
+    registered to its device goes to dead-letter. `bootstrap` (host:9094) saves looking the site up."""
+    from services.common import contracts, kafka_auth, names
+    from services.tools import fleet, registrar
+    if bootstrap is None:
+        managers = site_managers(existing_hosts())
+        if site not in managers:
+            raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted(managers))}")
+        bootstrap = f"{host_ip(managers[site])}:9094"
+    type_id = fleet.sensor_type_id("C")
+    records = {
+        # The same record as the fleet's registration (services/tools/fleet.py), so neither overwrites the other.
+        names.SENSOR_TYPE_REGISTRATION: fleet.registrations([], "C")[names.SENSOR_TYPE_REGISTRATION],
+        names.DEVICE_REGISTRATION: [contracts.DEVICE.validate({
+            "device_id": device, "name": f"Lab device {device}", "location": f"{site} lab"})],
+        names.SENSOR_REGISTRATION: [contracts.SENSOR.validate({
+            "sensor_id": sensor, "name": f"Lab sensor {sensor}", "device_id": device, "sensor_type_id": type_id})
+            for sensor in sensor_ids],
+    }
+    security = kafka_auth.sasl_ssl_config(KAFKA_OPERATOR_USER, secret("kafka_operator"), str(pki_dir() / "ca.crt"))
+    try:
+        registrar.produce(bootstrap, records, security=security)
+    except registrar.RegistryError as err:
+        raise SystemExit(f"lab: cannot register {device}'s sensors at {site}: {err}") from None
+    time.sleep(wait_s)
 
 
 def device_password(device_id: str) -> str:
@@ -242,7 +292,7 @@ def secret_group_vars(values: Mapping[str, str]) -> str:
             f"stack_cassandra_adapter_password: {quoted['cassandra_adapter']}\n"
             f"stack_kafka_operator_password: {quoted['kafka_operator']}\n"
             f"stack_kafka_relay_password: {quoted['kafka_relay']}\n"
-            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n"
+            f"stack_mqtt_users:\n  bridge: {quoted['bridge']}\n  mosquitto-agent: {quoted['mosquitto_agent']}\n"
             f"# The lab's CA outlives the inventory, which every run writes anew; `down` removes it.\n"
             f"iot_pki_dir: {json.dumps(str(pki_dir()))}\n")
 
@@ -416,6 +466,7 @@ stack_resources:
   kafka: {{cpus: "1.0", memory: 768M, reserve: 256M}}
   cassandra: {{cpus: "1.0", memory: 1400M, reserve: 512M}}
   mosquitto: {{cpus: "0.5", memory: 128M, reserve: 32M}}
+  mosquitto_agent: {{cpus: "0.25", memory: 96M, reserve: 32M}}
   bridge: {{cpus: "0.5", memory: 256M, reserve: 64M}}
   adapter: {{cpus: "0.5", memory: 256M, reserve: 64M}}
   mirrormaker: {{cpus: "0.5", memory: 640M, reserve: 128M}}

@@ -56,9 +56,7 @@ OPTION_GROUPS: dict[str, tuple[Option, ...]] = {
                "(unset: the secret mqtt_credentials, /run/secrets/mqtt_credentials)"),
         Option("ca_file", "SIMULATOR_CA_FILE", None,
                "CA certificate the broker's certificate is checked against (unset: the secret mqtt_ca.pem)"),
-        Option("plaintext", "SIMULATOR_PLAINTEXT", False,
-               "plain MQTT, no TLS (a site publishing 1883: stack_mqtt_publish_plaintext)", bool),
-        Option("client_prefix", "SIMULATOR_CLIENT_PREFIX", "simulator", "client id prefix"),
+        Option("plaintext", "SIMULATOR_PLAINTEXT", False, "plain MQTT, no TLS (a test broker only)", bool),
     ),
     "fleet": (
         Option("site", "SIMULATOR_SITE", None, "site alias, e.g. site-a (part of topic and ids)", required=True),
@@ -141,8 +139,9 @@ def _ca_file(args: argparse.Namespace) -> str:
 
 
 def _connect(args: argparse.Namespace, device_id: str, counters: Counters) -> mqtt.Client:
-    """One device's connection, logged in as itself."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{args.client_prefix}-{device_id}",
+    """One device's connection, logged in as itself, its device id as client id (a site's Mosquitto refuses
+    another)."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id,
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(device_id, args.credentials[device_id])
     if args.ca_file:

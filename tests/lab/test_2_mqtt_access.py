@@ -27,7 +27,7 @@ def address(lab_hosts) -> str:
 
 
 def _client(name: str, username: str | None, password: str | None) -> mqtt.Client:
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"lab-probe-{name}",
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=username or "anonymous",      # a device's id
                          protocol=MQTTProtocolVersion.MQTTv5)
     if username:
         client.username_pw_set(username, password)
