@@ -89,7 +89,15 @@ def test_a_relay_case_fails_on_a_lost_relay_record_or_no_load():
 def test_the_exit_rule_of_the_other_cases_is_unchanged():
     assert chaos.kept_all(outcome("bridge-kill"))
     assert not chaos.kept_all(outcome("bridge-kill", lost=1))
-    assert chaos.kept_all(outcome("mosquitto-kill", lost=10))       # within a documented window, reported
+    alerted = {"MosquittoRestarted{site=site-a}": 40.0}
+    assert chaos.kept_all(outcome("mosquitto-kill", lost=10, alerted=alerted))   # within a documented window
+    assert not chaos.kept_all(outcome("mosquitto-kill", lost=10))                # but its alert must fire
+
+
+def test_a_mosquitto_kill_with_other_devices_keeps_all_but_the_readings_in_flight():
+    alerted = {"MosquittoRestarted{site=site-a}": 40.0}
+    assert chaos.kept_all(outcome("mosquitto-kill-v3.1.1", lost=3, lost_in_flight=3, alerted=alerted))
+    assert not chaos.kept_all(outcome("mosquitto-kill-v3.1.1", lost=4, lost_in_flight=3, alerted=alerted))
 
 
 def test_a_missing_or_repeated_threshold_event_fails_the_case():
@@ -106,9 +114,15 @@ def test_only_the_cut_off_loads_the_relay():
 def test_the_table_shows_the_drain_ratio_and_a_dash_where_there_is_none():
     text = chaos.table([outcome("dc-cut-off", relay_backlog=5, drain_ratio=12.5), outcome("bridge-kill")])
     header, cut, kill = text.splitlines()
-    assert header.split()[-3:] == ["relay_lost", "drain_ratio", "notes"]
-    assert cut.split()[-2:] == ["0", "12.5"]
-    assert kill.split()[-2:] == ["0", "-"]
+    assert header.split()[-4:] == ["relay_lost", "drain_ratio", "alerted", "notes"]
+    assert cut.split()[-3:] == ["0", "12.5", "none"]
+    assert kill.split()[-3:] == ["0", "-", "none"]
+
+
+def test_the_table_names_each_alert_with_its_delay():
+    text = chaos.table([outcome("mosquitto-kill", alerted={"MosquittoRestarted{site=site-a}": 41.6,
+                                                            "MosquittoDown{site=site-a}": 12.2})])
+    assert "MosquittoDown{site=site-a} +12s, MosquittoRestarted{site=site-a} +42s" in text.splitlines()[1]
 
 
 # ---------------------------------------------------------------- _read_since against a fake consumer

@@ -44,7 +44,7 @@ stack_cassandra_password: preflight-test-superuser
 stack_cassandra_adapter_password: preflight-test-adapter
 stack_kafka_operator_password: preflight-test-operator
 stack_kafka_relay_password: preflight-test-relay-7
-stack_mqtt_users: {bridge: preflight-test-bridge}
+stack_mqtt_users: {bridge: preflight-test-bridge, mosquitto-agent: preflight-test-agent}
 """
 
 

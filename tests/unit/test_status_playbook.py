@@ -44,7 +44,7 @@ stack_cassandra_password: {CASSANDRA_PASSWORD}
 stack_cassandra_adapter_password: status-test-adapter-Pw93
 stack_kafka_operator_password: {OPERATOR_PASSWORD}
 stack_kafka_relay_password: status-test-relay-Hv27
-stack_mqtt_users: {{bridge: status-test-bridge-Lm55}}
+stack_mqtt_users: {{bridge: status-test-bridge-Lm55, mosquitto-agent: status-test-agent-Lm55}}
 iot_stack_dir: {{stack_dir}}
 """
 
