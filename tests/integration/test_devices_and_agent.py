@@ -35,9 +35,7 @@ BRIDGE_PASSWORD, AGENT_PASSWORD = "bridge-secret-for-tests", "agent-secret-for-t
 NOT_AUTHORIZED = 0x87
 SYNC_S = 10          # how long a change may take from the CLI's exit to the plugin
 MEMORY_LIMIT = int(256 * 2**20 * 0.85)
-# The agent's default. With stats every second, Mosquitto 2.0.11 with the iot_gate plugin began to close
-# every connection ("disconnected due to out of memory") seconds after a device was kicked; see the report
-# of issue 26 (reproducer kept outside the tree).
+# The agent's default (stats answers every 10 s).
 STATS_S = 10
 
 

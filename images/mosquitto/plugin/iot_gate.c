@@ -663,7 +663,16 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 	}
 	if(n > 0 && (size_t)n < size){
 		n += snprintf(body + n, sizeof(body) - (size_t)n, "}}");
-		mosquitto_broker_publish_copy(mosquitto_client_id(client), RESPONSE_TOPIC, n, body, 1, false, NULL);
+		/* Not mosquitto_broker_publish_copy: in 2.0.11 (still in 2.0.18) it copies with plain calloc and
+		 * the broker frees the copy with its counting free, so each answer lowers Mosquitto's heap count
+		 * until it wraps past memory_limit and every allocation fails (all connections closed at once).
+		 * A payload from mosquitto_malloc is counted both ways; the broker takes it over. */
+		void *payload = mosquitto_malloc((size_t)n + 1);
+		if(!payload) return;
+		memcpy(payload, body, (size_t)n);
+		if(mosquitto_broker_publish(mosquitto_client_id(client), RESPONSE_TOPIC, n, payload, 1, false, NULL)){
+			mosquitto_free(payload);
+		}
 	}
 }
 
