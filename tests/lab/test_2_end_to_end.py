@@ -25,14 +25,14 @@ EDGE_SITES = ["site-a", "site-b"]
 def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[float], unit: str = "C") -> int:
     """Publish readings at QoS 1 with Debian's mosquitto_pub, as a device outside the site would: the site's
     test device, over TLS, its id as client id, `sensor` registered to it first."""
+    device = lab.test_device(site)
+    # The bridge dead-letters readings of sensors not registered to their device (unregistered_sensor).
+    lab.register_sensors(site, device, [sensor], bootstrap=f"{lab.host_ip(site_host)}:9094")
     # Event times 1 ms apart (distinct rows) starting now; mosquitto_pub sends the
     # lines faster than that, so latencies read from Cassandra err by < len/1000 s.
     start_ms = int(time.time() * 1000)
     lines = "".join(json.dumps({"timestamp": start_ms + i, "temperature": t, "unit": unit}) + "\n"
                     for i, t in enumerate(temperatures))
-    device = lab.test_device(site)
-    # The bridge dead-letters readings of sensors not registered to their device (unregistered_sensor).
-    lab.register_sensors(site, device, [sensor], bootstrap=f"{lab.host_ip(site_host)}:9094")
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, "-v", f"{lab.pki_dir() / 'ca.crt'}:/ca.crt:ro",
            images.tag("mosquitto", pins.load()),
            "mosquitto_pub", "-h", lab.host_ip(site_host), "-p", "8883", "--cafile", "/ca.crt",

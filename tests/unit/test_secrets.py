@@ -143,6 +143,7 @@ def test_every_placeholder_of_the_example_inventory_is_refused():
         "stack_cassandra_password is a placeholder (it starts with change-me)",
         "stack_cassandra_adapter_password is a placeholder (it starts with change-me)",
         "stack_mqtt_users: the password of user bridge is a placeholder (it starts with change-me)",
+        "stack_mqtt_users: the password of user mosquitto-agent is a placeholder (it starts with change-me)",
         "stack_mqtt_devices: the password of device site-a-press-1 is a placeholder (it starts with change-me)",
         "stack_mqtt_devices: the password of device site-a-press-2 is a placeholder (it starts with change-me)",
     ]
