@@ -7,7 +7,7 @@ Only the two login cases are in the lab smoke (under a minute each). The others 
 lab tests (times measured before issue 26's fix, in a loaded lab): subscribe-thief and session-takeover (40 s of
 abuse, about 2 minutes each), the poisoned reading (60 s of honest readings after it, 3 to 4 minutes with the
 repair of a stalled bridge), the retained flood (up to 4 minutes of publishing, about 6 minutes) and the flood
-(60 s of flooding beside ten devices at 100 readings/s, 3 to 5 minutes while the bridge catches up).
+(60 s of flooding beside ten devices at 100 readings/s, 3 to 5 minutes while the bridge catches up; its honest devices' latency is printed, not bounded).
 """
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def test_retained_messages_cannot_make_mosquitto_restart(lab_hosts):
     _kept_the_site(outcome)
 
 
-def test_a_flooding_device_costs_the_other_devices_nothing(lab_hosts):
+def test_a_flooding_device_loses_the_other_devices_nothing(lab_hosts):
     outcome = outcome_of("flood", lab_hosts)
     assert outcome.devices == 10 and outcome.acknowledged > 0
     assert outcome.restarts.get("mosquitto") == 0, f"Mosquitto restarted: {outcome.exits}"
-    _kept_the_site(outcome)      # none lost, and none held up beyond abuse.LATENCY_LIMIT_S
+    _kept_the_site(outcome)      # none lost; the slowest honest reading is a figure (docs/faults.md)
+    print(f"\nflood: the slowest honest reading took {outcome.latency_max_s}s to reach Kafka")
