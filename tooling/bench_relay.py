@@ -31,8 +31,10 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
+from deploy.kafka_acls import relay_acls, scram_jaas_config
 from tooling.progress import log
-from tooling.stack_render import filters  # the Ansible filter plugin: the relay's ACLs and login line
+
+# the Ansible filter plugin: the relay's ACLs and login line
 from tooling.testbed.docker_lab import Lab, docker, free_port, image
 from tooling.testbed.kafka_cluster import (
     MM2_SINGLE_BROKER,
@@ -73,7 +75,7 @@ def _mm2_properties(site: KafkaCluster, datacenter: KafkaCluster, alias: str, se
     lines += MM2_SINGLE_BROKER.splitlines()
     if secure:
         lines += [f"{alias}.security.protocol = SASL_SSL", f"{alias}.sasl.mechanism = SCRAM-SHA-512",
-                  f"{alias}.sasl.jaas.config = {filters.scram_jaas_config(*RELAY)}",
+                  f"{alias}.sasl.jaas.config = {scram_jaas_config(*RELAY)}",
                   f"{alias}.ssl.truststore.type = PEM", f"{alias}.ssl.truststore.location = /etc/mirrormaker/ca.pem"]
     return "\n".join(lines) + "\n"
 
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         datacenter = start_kafka_cluster(lab, prefix="dc-")
         plain = start_kafka_cluster(lab, prefix="plain-")
         secure = start_kafka_cluster(lab, prefix="secure-", operator=OPERATOR)
-        ensure_access(lab, secure, dict([OPERATOR, RELAY]), filters.relay_acls(RELAY[0], [TOPIC], []))
+        ensure_access(lab, secure, dict([OPERATOR, RELAY]), relay_acls(RELAY[0], [TOPIC], []))
         results = []
         variants = [("plain", plain, False), ("secure", secure, True)]
         for alias, site, is_secure in (variants[::-1] if args.secure_first else variants):

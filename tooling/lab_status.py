@@ -1,10 +1,8 @@
 """The lab's status table: `ansible/status.yml` (the status playbook of any deployment) run against the lab.
 
 The playbook measures each site on its manager with Kafka's and Cassandra's own tools and prints one table;
-its figures come from the filter plugin (ansible/filter_plugins/iot_stack.py: status_table, and the relay
-lag from MirrorMaker's offsets: copied_offsets, relay_lag), which this module re-exports rather than
-repeating. Here: running the playbook, and reading its table and PLAY RECAP back (the lab test and
-`scripts/lab status` use them).
+its figures come from deploy/status.py. Here: running the playbook, and reading its table and PLAY RECAP
+back (the lab test and `scripts/lab status` use them).
 """
 from __future__ import annotations
 
@@ -14,18 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tooling import pins, stack_render
+from deploy.status import STATUS_COLUMNS, parse_table  # noqa: F401 - parse_table is re-exported
+from tooling import pins
 
 PLAYBOOK = pins.REPO_ROOT / "ansible" / "status.yml"
 
 
-_plugin = stack_render.filters   # the Ansible filter plugin
-# The relay lag's logic, in the one place the playbook uses too.
-mm2_offsets_topic = _plugin.mm2_offsets_topic
-copied_offsets = _plugin.copied_offsets
-relay_lag = _plugin.relay_lag
-parse_table = _plugin.parse_table
-COLUMNS = _plugin.STATUS_COLUMNS
+# Re-exported: the status table's columns and parser live in the one place the playbook uses.
+COLUMNS = STATUS_COLUMNS
 
 RECAP = re.compile(r"^(\S+)\s*:\s*((?:\w+=\d+\s*)+)$", re.MULTILINE)
 

@@ -1,13 +1,11 @@
 """Render the compose/ stack templates outside Ansible, for tests, benchmarks and operators.
 
-Uses Ansible's own core filters plus the project's filter plugin, so what renders
-here renders the same way in the stack role.
+Uses Ansible's own core filters plus the deploy package's (what ansible/filter_plugins registers), so
+what renders here renders the same way in the stack role.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 
 import jinja2
 import yaml
@@ -17,22 +15,13 @@ from ansible.plugins.filter.core import FilterModule as CoreFilters
 from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
 from ansible.vars.manager import VariableManager
 
+import deploy
+from deploy.swarm import stack_files
+from deploy.topology import edge_sites, site_topology
 from tooling import pins
 
 REPO = pins.REPO_ROOT
 filters_math = MathFilters().filters()
-
-
-def _plugin(name: str, module_name: str):
-    spec = importlib.util.spec_from_file_location(module_name, REPO / f"ansible/filter_plugins/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-filters = _plugin("iot_stack", "iot_stack_filters")
-rollout = _plugin("iot_rollout", "iot_rollout_filters")   # the staged deploy's plan (ansible/filter_plugins)
 
 
 def group_vars() -> dict:
@@ -91,7 +80,7 @@ def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[st
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "compose"), undefined=jinja2.StrictUndefined,
                              trim_blocks=True)
     env.filters.update(CoreFilters().filters())
-    env.filters.update(filters.FilterModule().filters())
+    env.filters.update(deploy.filters())
     tag = pins.load().image_tag
     images = {n: f"iot-stack/{n}:{tag}" for n in STACK_IMAGES}
     # The tier's config and secret names as the stack role writes them (vars/main.yml __stack_files).
@@ -105,7 +94,7 @@ def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[st
     settings = settings or stack_settings()
     pki += ["mqtt_device_ca"] if tier == "edge" and settings["mqtt"]["device_auth"] == "certificate" else []
     kafka = [f"kafka_password_{user}" for user in kafka_internal_users(tier, settings)]
-    files = filters.stack_files({"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
+    files = stack_files({"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
                                  "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki,
                                                            *kafka], "s")},
                                 "/opt/iot-stack/x")
@@ -134,7 +123,7 @@ def render_role_template(name: str, hostvars: dict, groups: dict, group: str, ti
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "ansible/roles/stack/templates"),
                              undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters.update(CoreFilters().filters())
-    env.filters.update(filters.FilterModule().filters())
+    env.filters.update(deploy.filters())
     host = groups[group][0]
     alias = hostvars[host].get("site_alias") or group.replace("_", "-")
     users = stack_vars()["__stack_kafka_users_by_service"]
@@ -143,10 +132,10 @@ def render_role_template(name: str, hostvars: dict, groups: dict, group: str, ti
                "__stack_kafka_passwords": {u: f"{u}-password-0123456789" for u in users.values()},
                **group_vars(), **hostvars[host], "hostvars": hostvars, "groups": groups,
                "iot_site_alias": alias, "iot_tier": tier, "ansible_managed": "test",
-               "iot_topology": filters.site_topology(hostvars, groups[group], alias, tier),
+               "iot_topology": site_topology(hostvars, groups[group], alias, tier),
                **overrides}
     if tier == "datacenter" and "__stack_relay_sites" not in context:
-        context["__stack_relay_sites"] = [site["alias"] for site in filters.edge_sites(
+        context["__stack_relay_sites"] = [site["alias"] for site in edge_sites(
             hostvars, groups, context["stack_relay_edge_group"], context.get("iot_ignored_groups", []),
             context["stack_kafka_external_port"])]
     return env.get_template(name).render(context)

@@ -2,7 +2,7 @@
 
 `run(hosts, site)` makes a new version of every project image (same tag, new id: the image plus one label,
 as a rebuild with changed inputs would give), reruns site.yml for the site (the images role ships them, and
-the stack role deploys in stages: ansible/filter_plugins/iot_rollout.py), then reads the Docker events of
+the stack role deploys in stages: deploy/rollout.py), then reads the Docker events of
 the site's hosts over the run. A node is down from the first kill, stop or die of its container until a
 container of the same service reports healthy (each stateful service has a healthcheck), so the figures
 include the time a node takes to serve again, not only its process restart.

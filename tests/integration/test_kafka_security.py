@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from deploy.kafka_acls import service_acls
 from services.common import kafka_auth
 from tooling.testbed.docker_lab import image
 from tooling.testbed.kafka_cluster import (
@@ -167,9 +168,9 @@ def test_internal_refuses_anonymous_clients_and_wrong_passwords(lab, cluster):
 
 
 def test_a_service_principal_writes_only_what_its_acls_name(lab, cluster, relay):
-    from tooling.stack_render import filters
+
     user, password = "bridge", f"bridge-{uuid.uuid4().hex}"
-    acls = filters.service_acls([{"user": user, "writes": [RELAYED]}])
+    acls = service_acls([{"user": user, "writes": [RELAYED]}])
     access(lab, cluster, {user: password}, acls)
     probe = internal_probe(lab, cluster, user, password, write=(RELAYED, NOT_RELAYED))
     assert probe["write " + RELAYED] == "ok", probe

@@ -10,7 +10,8 @@ import yaml
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tooling.stack_render import REPO, filters, load_inventory, render_role_template
+from deploy.kafka_acls import relay_acls, scram_jaas_config, service_acls
+from tooling.stack_render import REPO, load_inventory, render_role_template
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER, create_topics, ensure_access, start_kafka_cluster
 
@@ -27,7 +28,7 @@ def clusters(lab, tmp_path_factory):
     datacenter = start_kafka_cluster(lab, prefix="dc-", operator=OPERATOR)
     create_topics(site, TOPIC, "not-selected")
     ensure_access(lab, site, dict([OPERATOR, RELAY]),
-                  filters.relay_acls(RELAY[0], [TOPIC], ["site-a-cassandra-adapter"]))
+                  relay_acls(RELAY[0], [TOPIC], ["site-a-cassandra-adapter"]))
     ensure_access(lab, datacenter, dict([MIRRORMAKER]), mirrormaker_acls())
     config_dir = tmp_path_factory.mktemp("mm2")
     config_dir.chmod(0o755)
@@ -42,13 +43,13 @@ listeners = http://127.0.0.1:{free_port()}
 site-a.bootstrap.servers = {site.external}
 site-a.security.protocol = SASL_SSL
 site-a.sasl.mechanism = SCRAM-SHA-512
-site-a.sasl.jaas.config = {filters.scram_jaas_config(*RELAY)}
+site-a.sasl.jaas.config = {scram_jaas_config(*RELAY)}
 site-a.ssl.truststore.type = PEM
 site-a.ssl.truststore.location = /etc/mirrormaker/ca.pem
 datacenter.bootstrap.servers = {datacenter.external}
 datacenter.security.protocol = SASL_SSL
 datacenter.sasl.mechanism = SCRAM-SHA-512
-datacenter.sasl.jaas.config = {filters.scram_jaas_config(*MIRRORMAKER)}
+datacenter.sasl.jaas.config = {scram_jaas_config(*MIRRORMAKER)}
 datacenter.ssl.truststore.type = PEM
 datacenter.ssl.truststore.location = /etc/mirrormaker/dc-ca.pem
 site-a->datacenter.enabled = true
@@ -77,7 +78,7 @@ def mirrormaker_acls() -> list[dict]:
     hostvars, groups = load_inventory(REPO / "inventory.example")
     services = yaml.safe_load(render_role_template("kafka-services.yml.j2", hostvars, groups, "datacenter",
                                                    "datacenter", __stack_relay_sites=["site-a"]))
-    return filters.service_acls([s for s in services if s["user"] == MIRRORMAKER[0]], ["site-a"])
+    return service_acls([s for s in services if s["user"] == MIRRORMAKER[0]], ["site-a"])
 
 
 def test_records_on_site_topic_appear_prefixed_at_datacenter(lab, clusters):

@@ -1,6 +1,6 @@
 """A rolling upgrade of a running site while a device publishes (docs/operations.md, Upgrades): every project image
 gets a new version and site.yml runs again for site-a (two brokers, one ZooKeeper, one Cassandra node). The stack
-role deploys the changed stack in stages (ansible/filter_plugins/iot_rollout.py). From the Docker events of
+role deploys the changed stack in stages (deploy/rollout.py). From the Docker events of
 site-a's hosts (tooling/upgrade.py): every stateful node restarted exactly once and no two nodes of a kind were
 down at the same time; from the device's PUBACKs: nothing acknowledged was lost at the site, and no threshold
 event on the way to the datacenter."""

@@ -21,7 +21,8 @@ import sys
 
 import pytest
 
-from tooling.stack_render import REPO, filters, render, stack_defaults
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, render, stack_defaults
 
 _LOADER = importlib.machinery.SourceFileLoader("cassandra_auth_setup",
                                                str(REPO / "images/cassandra/bin/cassandra-auth-setup"))
@@ -268,7 +269,7 @@ NODES = {f"n{i}": {"swarm_role": "manager" if i == 1 else "worker", "zookeeper_i
 @pytest.mark.parametrize("tier", ["edge", "datacenter"])
 def test_system_auth_gets_the_data_replication(tier, nodes, replicas):
     hosts = [f"n{i}" for i in range(1, nodes + 1)]
-    services = render(tier, filters.site_topology(NODES, hosts, "site-x", tier))["services"]
+    services = render(tier, site_topology(NODES, hosts, "site-x", tier))["services"]
     adapter = services["cassandra-adapter"]["environment"]
     assert adapter["ADAPTER_REPLICATION"] == f"test:{replicas}"
     for i in range(1, nodes + 1):
@@ -284,7 +285,7 @@ def test_a_new_cassandra_node_changes_no_other_node(tier):
     """The seeds, the wanted replication and the fast start do not follow the node count."""
     def nodes(count: int) -> dict:
         hosts = [f"n{i}" for i in range(1, count + 1)]
-        services = render(tier, filters.site_topology(NODES, hosts, "site-x", tier))["services"]
+        services = render(tier, site_topology(NODES, hosts, "site-x", tier))["services"]
         return {name: spec for name, spec in services.items() if name.startswith("cassandra-") and name[-1].isdigit()}
     for count in (1, 2, 3):
         before, after = nodes(count), nodes(count + 1)
@@ -296,7 +297,7 @@ def test_a_new_cassandra_node_changes_no_other_node(tier):
 
 @pytest.mark.parametrize("tier", ["edge", "datacenter"])
 def test_adapter_logs_in_with_its_own_role_and_secret(tier):
-    services = render(tier, filters.site_topology(NODES, ["n1"], "site-x", tier))["services"]
+    services = render(tier, site_topology(NODES, ["n1"], "site-x", tier))["services"]
     adapter, node = services["cassandra-adapter"], services["cassandra-1"]
     role = stack_defaults()["stack_cassandra_adapter_user"]
     assert role != "cassandra"

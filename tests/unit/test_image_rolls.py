@@ -3,7 +3,8 @@ container label (compose/_common.j2, macro image), so a rebuilt image changes th
 services that run it, and `docker stack deploy` rolls them."""
 from __future__ import annotations
 
-from tooling.stack_render import REPO, filters, image_ids, load_inventory, render
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, image_ids, load_inventory, render
 
 LABEL = "org.iot-stack.image-id"
 
@@ -11,7 +12,7 @@ LABEL = "org.iot-stack.image-id"
 def _stacks():
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
-        yield tier, filters.site_topology(hostvars, groups[group], alias, tier)
+        yield tier, site_topology(hostvars, groups[group], alias, tier)
 
 
 def test_every_service_is_labelled_with_its_images_id():

@@ -13,7 +13,8 @@ import bcrypt
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, load_inventory, render, render_role_template, stack_defaults
+from deploy.topology import pki_servers, site_topology
+from tooling.stack_render import REPO, load_inventory, render, render_role_template, stack_defaults
 from tooling.testbed import alert_rules
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
@@ -27,7 +28,7 @@ def example():
 
 def _topology(example, group):
     hostvars, groups = example
-    return filters.site_topology(hostvars, groups[group], group.replace("_", "-"), SITES[group])
+    return site_topology(hostvars, groups[group], group.replace("_", "-"), SITES[group])
 
 
 def _scrape_config(example, group) -> dict:
@@ -159,7 +160,7 @@ def test_web_configuration_is_tls_with_one_bcrypt_login(example):
 
 
 def test_prometheus_certificate_names_the_apps_node(example):
-    servers = {s["name"]: s["sans"] for s in filters.pki_servers(_topology(example, "site_a"))}
+    servers = {s["name"]: s["sans"] for s in pki_servers(_topology(example, "site_a"))}
     assert servers["prometheus"] == ["IP:10.20.0.13", "DNS:prometheus"]      # site-a-3 is the apps node
 
 

@@ -13,7 +13,7 @@ test case here, and a failure names the file and the variable:
   at the datacenter.
 
 Effective values follow Ansible's precedence: the example inventory's group_vars
-over the role defaults (loaded as tests/unit/test_topology_and_stacks.py does).
+over the role defaults (loaded as tests/unit/deploy/test_topology_and_stacks.py does).
 """
 from __future__ import annotations
 

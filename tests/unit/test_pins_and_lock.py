@@ -14,8 +14,10 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 from packaging.requirements import Requirement
 
+import deploy
+from deploy.images import from_toml
 from tooling import artifacts, images, pins
-from tooling.stack_render import filters, group_vars
+from tooling.stack_render import group_vars
 
 
 def test_every_maven_root_is_locked_at_its_pinned_version():
@@ -341,7 +343,7 @@ def test_ansible_reads_the_image_tag_from_versions_toml():
     playbooks in ansible/ see it, and every role's image default derives from it."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters.update(CoreFilters().filters())
-    env.filters.update(filters.FilterModule().filters())
+    env.filters.update(deploy.filters())
     env.globals["lookup"] = lambda plugin, path: open(path).read()  # ansible.builtin.file
     expression = group_vars()["iot_image_tag"]
     tag = env.from_string(expression).render(playbook_dir=str(pins.REPO_ROOT / "ansible"))
@@ -355,7 +357,7 @@ def test_ansible_reads_the_image_tag_from_versions_toml():
 
 def test_bad_toml_is_named():
     with pytest.raises(Exception, match="not valid TOML"):
-        filters.from_toml("[versions\n")
+        from_toml("[versions\n")
 
 
 def test_unknown_image_is_named():

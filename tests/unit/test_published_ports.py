@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tooling.stack_render import REPO, filters, load_inventory, render, stack_settings
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, load_inventory, render, stack_settings
 from tooling.testbed.mosquitto import site_config
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
@@ -22,7 +23,7 @@ def _published() -> list[tuple[str, str, dict, int]]:
     found = []
     for group, tier in SITES.items():
         alias = group.replace("_", "-")
-        stack = render(tier, filters.site_topology(hostvars, groups[group], alias, tier))
+        stack = render(tier, site_topology(hostvars, groups[group], alias, tier))
         for name, service in stack["services"].items():
             for port in service.get("ports", []):
                 found.append((alias, name, service, port["target"]))
@@ -114,6 +115,6 @@ def test_published_port_is_encrypted(site, name, service, target):
 def test_the_services_mqtt_listener_is_never_published():
     """1883 takes the bridge's and mosquitto-agent's logins on the overlay network only."""
     hostvars, groups = load_inventory(REPO / "inventory.example")
-    topology = filters.site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    topology = site_topology(hostvars, groups["site_a"], "site-a", "edge")
     published = {p["target"] for p in render("edge", topology, stack_settings())["services"]["mosquitto"]["ports"]}
     assert published == {8883}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from deploy.topology import site_topology
 from services.common import names
 from tooling import stack_render
 from tooling.progress import log
@@ -64,10 +65,9 @@ class Rendered:
 def render() -> Rendered:
     hostvars, groups = stack_render.load_inventory(stack_render.REPO / "inventory.example")
     relay = [*stack_render.stack_defaults()["stack_relay_topics"], names.TEMPERATURE_DATA]
-    filters = stack_render.filters
 
     def stack(group: str, alias: str, tier: str) -> dict:
-        topology = filters.site_topology(hostvars, groups[group], alias, tier)
+        topology = site_topology(hostvars, groups[group], alias, tier)
         return stack_render.render(tier, topology)["services"]
 
     def template(name: str, group: str, tier: str) -> str:

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
+from deploy.passwords import mqtt_device_hashes
 from services.common.device_credentials import HASH_RE, Credential
 from services.tools import devices
-from tooling.stack_render import filters
 
 SITE = "site-a"
 SALT_KEY = "k" * 40
@@ -58,10 +58,10 @@ def test_a_malformed_hash_verifies_nothing(hashed):
 
 
 def test_an_inventory_hash_is_the_one_the_stack_roles_filter_writes():
-    """Same salt rule as ansible/filter_plugins/iot_stack.py mqtt_device_hashes, so a rerun changes nothing."""
+    """Same salt rule as deploy/passwords.py mqtt_device_hashes, so a rerun changes nothing."""
     salt = devices.inventory_salt(SALT_KEY, SITE, "press-1", "pw-1")
     ours = devices.hash_password("pw-1", salt)
-    assert filters.mqtt_device_hashes({"press-1": "pw-1"}, SITE, SALT_KEY) == {"press-1": ours}
+    assert mqtt_device_hashes({"press-1": "pw-1"}, SITE, SALT_KEY) == {"press-1": ours}
     assert devices.inventory_salt(SALT_KEY, "site-b", "press-1", "pw-1") != salt
 
 

@@ -1,4 +1,4 @@
-"""Rolling upgrades (ansible/filter_plugins/iot_rollout.py): a changed stack is deployed in stages so that at
+"""Rolling upgrades (deploy/rollout.py): a changed stack is deployed in stages so that at
 most one ZooKeeper, Kafka or Cassandra node changes at a time, the ZooKeeper leader last. Checked on the
 stacks the templates render for inventory.example's site-a (three nodes of each)."""
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, image_ids, load_inventory, render, rollout
+from deploy.rollout import rollout_stages, zookeeper_leader, zookeeper_quorum
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, image_ids, load_inventory, render
 
 LABEL = "org.iot-stack.image-id"
 STATEFUL = ["zookeeper-1", "zookeeper-2", "zookeeper-3", "kafka-1", "kafka-2", "kafka-3",
@@ -16,7 +18,7 @@ STATEFUL = ["zookeeper-1", "zookeeper-2", "zookeeper-3", "kafka-1", "kafka-2", "
 @pytest.fixture(scope="module")
 def topology():
     hostvars, groups = load_inventory(REPO / "inventory.example")
-    return filters.site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    return site_topology(hostvars, groups["site_a"], "site-a", "edge")
 
 
 def text(stack: dict) -> str:
@@ -25,12 +27,12 @@ def text(stack: dict) -> str:
 
 def stages(before: dict, after: dict, leader=None) -> list[dict]:
     return [{"service": s["service"], "stack": yaml.safe_load(s["text"])}
-            for s in rollout.rollout_stages(text(before), text(after), leader)]
+            for s in rollout_stages(text(before), text(after), leader)]
 
 
 def test_nothing_to_stage_on_a_first_deploy_or_when_only_stateless_services_change(topology):
     before = render("edge", topology, ids=image_ids())
-    assert rollout.rollout_stages("", text(before)) == []
+    assert rollout_stages("", text(before)) == []
     assert stages(before, render("edge", topology, ids=image_ids(services="rebuilt"))) == []
     assert stages(before, before) == []
 
@@ -81,5 +83,5 @@ def test_a_changed_secret_alone_counts_as_a_change_of_the_nodes_that_use_it(topo
     (["1 follower", "2 leader"], 3, False, "2"),
 ])
 def test_zookeeper_quorum_and_leader_from_srvr(lines, nodes, quorum, leader):
-    assert rollout.zookeeper_quorum(lines, nodes) is quorum
-    assert rollout.zookeeper_leader(lines) == leader
+    assert zookeeper_quorum(lines, nodes) is quorum
+    assert zookeeper_leader(lines) == leader

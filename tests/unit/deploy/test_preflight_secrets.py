@@ -14,7 +14,9 @@ import stat
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, load_inventory, render, stack_vars
+from deploy.preflight import PLAIN_ENV_SECRET_RE, mqtt_device_refusals, secret_refusals, weak_secret
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, load_inventory, render, stack_vars
 
 GOOD = "Zx9kQ2rLq0vR7sT1mN4pW8yB"      # what `openssl rand -base64 24` gives: 32 characters, here 24
 USERS = {"stack_cassandra_password": "cassandra", "stack_cassandra_adapter_password": "iot_adapter"}
@@ -25,7 +27,7 @@ def refusals(**overrides) -> list[str]:
     """secret_refusals as preflight calls it, with fit values unless overridden."""
     passwords = {"stack_cassandra_password": GOOD + "1", "stack_cassandra_adapter_password": GOOD + "2"}
     passwords.update({k: v for k, v in overrides.items() if k in passwords})
-    return filters.secret_refusals(passwords, users=USERS,
+    return secret_refusals(passwords, users=USERS,
                                    mqtt_users=overrides.get("mqtt_users", {"bridge": GOOD + "3", "device": GOOD + "4"}),
                                    webhook_url=overrides.get("webhook_url", ""),
                                    spark_jobs=overrides.get("spark_jobs", {}))
@@ -34,7 +36,7 @@ def refusals(**overrides) -> list[str]:
 def test_fit_secrets_pass():
     assert refusals() == []
     assert refusals(webhook_url="https://api.telegram.org/bot123456:AAF-example_token/sendMessage") == []
-    assert filters.weak_secret("correct horse battery staple") is None
+    assert weak_secret("correct horse battery staple") is None
 
 
 @pytest.mark.parametrize("value, why", [
@@ -136,7 +138,7 @@ def _example_secrets(host: str = "site-a-1") -> dict:
 
 def test_every_placeholder_of_the_example_inventory_is_refused():
     values = _example_secrets()
-    found = filters.secret_refusals({k: values[k] for k in USERS}, users=USERS, mqtt_users=values["stack_mqtt_users"],
+    found = secret_refusals({k: values[k] for k in USERS}, users=USERS, mqtt_users=values["stack_mqtt_users"],
                                     webhook_url=values.get("stack_notifier_webhook_url", ""),
                                     mqtt_devices=values["stack_mqtt_devices"])
     assert [m.split(". ")[0] for m in found] == [
@@ -158,7 +160,7 @@ def test_every_placeholder_of_the_example_inventory_is_refused():
 
 def test_notifier_reads_the_webhook_url_from_a_hashed_swarm_secret():
     hostvars, groups = load_inventory(REPO / "inventory.example")
-    stack = render("datacenter", filters.site_topology(hostvars, groups["datacenter"], "datacenter", "datacenter"))
+    stack = render("datacenter", site_topology(hostvars, groups["datacenter"], "datacenter", "datacenter"))
     notifier = stack["services"]["notifier"]
     assert notifier["environment"]["WEBHOOK_URL_FILE"] == "/run/secrets/notifier_webhook_url"
     assert "WEBHOOK_URL" not in notifier["environment"]
@@ -185,9 +187,9 @@ def test_the_webhook_secret_is_never_empty_and_a_lone_newline_means_no_webhook(u
 def test_no_rendered_service_gets_a_secret_in_its_environment():
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier in (("site_a", "edge"), ("datacenter", "datacenter")):
-        stack = render(tier, filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
+        stack = render(tier, site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
         for name, service in stack["services"].items():
-            plain = [k for k in service.get("environment", {}) if filters.PLAIN_ENV_SECRET_RE.match(k)]
+            plain = [k for k in service.get("environment", {}) if PLAIN_ENV_SECRET_RE.match(k)]
             assert plain == [], f"{name}: {plain} in plain text"
 
 
@@ -216,13 +218,13 @@ def test_lab_secrets_are_random_long_private_and_made_once(lab):
 
 def test_lab_secrets_pass_preflight(lab):
     values = yaml.safe_load(lab.secret_group_vars(lab.create_secrets()))
-    assert filters.secret_refusals({k: values[k] for k in USERS}, users=USERS,
+    assert secret_refusals({k: values[k] for k in USERS}, users=USERS,
                                    mqtt_users=values["stack_mqtt_users"]) == []
     assert set(values["stack_mqtt_users"]) == {"bridge", "mosquitto-agent"}
     for site in ("site-a", "site-b"):
         devices = lab.device_credentials(site)
-        assert filters.secret_refusals({}, mqtt_devices=devices) == []
-        assert filters.mqtt_device_refusals(devices, values["stack_mqtt_users"]) == []
+        assert secret_refusals({}, mqtt_devices=devices) == []
+        assert mqtt_device_refusals(devices, values["stack_mqtt_users"]) == []
         assert len(set(devices.values())) == len(devices) == len(lab.device_ids(site))
     assert "password" not in lab.LAB_GROUP_VARS          # lab.yml holds sizes only
 
@@ -245,14 +247,14 @@ def test_reading_lab_secrets_without_a_lab_is_a_clear_error(lab):
     ("bridge", "is also in stack_mqtt_users"),
 ])
 def test_a_device_id_that_cannot_be_its_own_login_and_topic_segment_is_refused(device, why):
-    (message,) = filters.mqtt_device_refusals({device: GOOD, "press-2": GOOD}, {"bridge": GOOD})
+    (message,) = mqtt_device_refusals({device: GOOD, "press-2": GOOD}, {"bridge": GOOD})
     assert message.startswith(f"stack_mqtt_devices: device id {device!r} ") and why in message, message
     assert GOOD not in message
 
 
 def test_each_weak_device_password_is_refused_naming_the_device():
     device = "site-a-press-0002"
-    (message,) = filters.secret_refusals({}, mqtt_devices={"press-1": GOOD, device: device})
+    (message,) = secret_refusals({}, mqtt_devices={"press-1": GOOD, device: device})
     assert message.startswith(f"stack_mqtt_devices: the password of device {device} is its user name"), message
     assert "--name vault_mqtt_site_a_press_0002_password" in message
     assert f"set stack_mqtt_devices.{device} to" in message

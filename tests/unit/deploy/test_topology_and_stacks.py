@@ -4,7 +4,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tooling.stack_render import REPO, filters, group_vars, load_inventory, render, stack_settings
+from deploy.images import node_images, site_images
+from deploy.passwords import mqtt_device_hashes, mqtt_service_accounts, registry_htpasswd
+from deploy.swarm import replication_short, rolled_back, unconverged, updating
+from deploy.topology import edge_sites, node_labels, site_topology
+from tooling.stack_render import REPO, group_vars, load_inventory, render, stack_settings
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -17,7 +21,7 @@ def example():
 def test_example_inventory_gives_three_of_each_per_site(example):
     hostvars, groups = example
     for group in ("datacenter", "site_a", "site_b"):
-        topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"),
+        topology = site_topology(hostvars, groups[group], group.replace("_", "-"),
                                          "datacenter" if group == "datacenter" else "edge")
         assert [len(topology[r]) for r in ("zookeeper", "kafka", "cassandra")] == [3, 3, 3]
     assert topology["zookeeper_connect"] == "zookeeper-1:2181,zookeeper-2:2181,zookeeper-3:2181"
@@ -25,7 +29,7 @@ def test_example_inventory_gives_three_of_each_per_site(example):
 
 def test_relay_sees_every_edge_site_with_external_bootstrap(example):
     hostvars, groups = example
-    sites = filters.edge_sites(hostvars, groups, "edge", IGNORED, 9094)
+    sites = edge_sites(hostvars, groups, "edge", IGNORED, 9094)
     assert sites == [
         {"alias": "site-a", "group": "site_a", "bootstrap": "10.20.0.11:9094,10.20.0.12:9094,10.20.0.13:9094"},
         {"alias": "site-b", "group": "site_b", "bootstrap": "10.30.0.11:9094,10.30.0.12:9094,10.30.0.13:9094"},
@@ -54,22 +58,22 @@ SMALL_SITE = _hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "ap
 ])
 def test_bad_inventory_is_named(hostvars, message):
     with pytest.raises(Exception, match=message):
-        filters.site_topology(hostvars, list(hostvars), "site-x", "edge")
+        site_topology(hostvars, list(hostvars), "site-x", "edge")
 
 
 def test_bad_site_alias_is_named():
     with pytest.raises(Exception, match="site_alias='Site A' must be lowercase"):
-        filters.site_topology(SMALL_SITE, ["n1"], "Site A")
+        site_topology(SMALL_SITE, ["n1"], "Site A")
 
 
 def test_node_labels_and_images_follow_the_host_variables():
     host = {"zookeeper_id": "2", "kafka_id": 2, "apps_node": "true"}
-    assert filters.node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
-    assert filters.node_images(host, "edge", False) == ["kafka", "node-exporter", "prometheus", "services", "spark"]
-    assert filters.node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "node-exporter", "services"]
-    assert filters.node_images({"cassandra_id": 1}, "edge", False) == ["cassandra", "node-exporter"]
+    assert node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
+    assert node_images(host, "edge", False) == ["kafka", "node-exporter", "prometheus", "services", "spark"]
+    assert node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "node-exporter", "services"]
+    assert node_images({"cassandra_id": 1}, "edge", False) == ["cassandra", "node-exporter"]
     site = {"m": {"swarm_role": "manager", "kafka_id": 1}, "w": {"swarm_role": "worker", "cassandra_id": 1, **host}}
-    assert filters.site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "node-exporter", "prometheus",
+    assert site_images(site, ["m", "w"], "edge") == ["cassandra", "kafka", "node-exporter", "prometheus",
                                                              "services", "spark"]
 
 
@@ -78,13 +82,13 @@ def test_the_mqtt_services_logins_are_stable_and_salted_per_user_with_the_deploy
     users = {"bridge": "pw", "mosquitto-agent": "pw"}
     kinds = [{"user": "bridge", "kind": "bridge", "prefix": "bridge-"},
              {"user": "mosquitto-agent", "kind": "agent", "prefix": "mosquitto-agent-"}]
-    first = filters.mqtt_service_accounts(users, kinds, "site-a", key)
-    assert first == filters.mqtt_service_accounts(users, kinds, "site-a", key)
-    assert first != filters.mqtt_service_accounts(users, kinds, "site-a", other_key)
+    first = mqtt_service_accounts(users, kinds, "site-a", key)
+    assert first == mqtt_service_accounts(users, kinds, "site-a", key)
+    assert first != mqtt_service_accounts(users, kinds, "site-a", other_key)
     with pytest.raises(Exception, match="salt key must be at least 32 characters"):
-        filters.mqtt_service_accounts(users, kinds, "site-a", "short")
+        mqtt_service_accounts(users, kinds, "site-a", "short")
     with pytest.raises(Exception, match="the agent login 'mosquitto-agent' needs a password"):
-        filters.mqtt_service_accounts({"bridge": "pw"}, kinds, "site-a", key)
+        mqtt_service_accounts({"bridge": "pw"}, kinds, "site-a", key)
     lines = [line.split() for line in first.splitlines() if not line.startswith("#")]
     assert [line[:3] for line in lines] == [["bridge", "bridge", "bridge-"], ["mosquitto-agent", "agent",
                                                                             "mosquitto-agent-"]]
@@ -95,8 +99,8 @@ def test_the_mqtt_services_logins_are_stable_and_salted_per_user_with_the_deploy
 def test_inventory_devices_hash_stably_and_never_alike():
     key = "k" * 43
     passwords = {"press-1": "pw-one-long-enough", "press-2": "pw-one-long-enough"}
-    hashes = filters.mqtt_device_hashes(passwords, "site-a", key)
-    assert hashes == filters.mqtt_device_hashes({"press-2": "pw-one-long-enough", "press-1": "pw-one-long-enough"},
+    hashes = mqtt_device_hashes(passwords, "site-a", key)
+    assert hashes == mqtt_device_hashes({"press-2": "pw-one-long-enough", "press-1": "pw-one-long-enough"},
                                                 "site-a", key)
     assert hashes["press-1"] != hashes["press-2"] and hashes["press-1"].startswith("$7$1000$")
 
@@ -108,7 +112,7 @@ def _services(stack):
 @pytest.mark.parametrize("group, tier", [("site_a", "edge"), ("site_b", "edge"), ("datacenter", "datacenter")])
 def test_every_rendered_service_is_complete(example, group, tier):
     hostvars, groups = example
-    topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
+    topology = site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
     stack = render(tier, topology)
     for name, service in _services(stack).items():
         deploy = service["deploy"]
@@ -127,7 +131,7 @@ def test_every_rendered_service_is_complete(example, group, tier):
 
 def test_stateful_services_are_one_per_node_with_own_volume(example):
     hostvars, groups = example
-    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    stack = render("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge"))
     services = _services(stack)
     for role in ("zookeeper", "kafka", "cassandra"):
         for n in (1, 2, 3):
@@ -142,20 +146,20 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
 
 def test_bridge_gets_a_stable_client_id_per_replica(example):
     hostvars, groups = example
-    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    stack = render("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge"))
     assert _services(stack)["bridge"]["environment"]["BRIDGE_CLIENT_ID"] == "bridge-{{.Task.Slot}}"
 
 
 def test_datacenter_runs_mirrormaker_and_no_mqtt(example):
     hostvars, groups = example
-    services = _services(render("datacenter", filters.site_topology(hostvars, groups["datacenter"], "datacenter",
+    services = _services(render("datacenter", site_topology(hostvars, groups["datacenter"], "datacenter",
                                                                     "datacenter")))
     assert "mirrormaker" in services and "mosquitto" not in services and "bridge" not in services
 
 
 def test_config_and_secret_names_carry_a_content_hash(example):
     hostvars, groups = example
-    stack = render("edge", filters.site_topology(hostvars, groups["site_a"], "site-a", "edge"))
+    stack = render("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge"))
     assert stack["secrets"]["mqtt_services"]["name"].startswith("site-a_mqtt_services_")
     assert len(stack["secrets"]["mqtt_services"]["name"].rsplit("_", 1)[1]) == 12
     assert stack["configs"]["mosquitto_config"]["name"].startswith("site-a_mosquitto_config_")
@@ -165,8 +169,8 @@ def test_adding_a_broker_leaves_the_other_brokers_spec_alone():
     """Replication is per topic (topics role), so a second broker must not change kafka-1 (a restart)."""
     one = {"n1": {**SMALL_SITE["n1"], "ansible_host": "172.20.0.5"}}
     two = {**one, "n2": {"swarm_role": "worker", "kafka_id": 2, "ansible_host": "172.20.0.6"}}
-    before = render("edge", filters.site_topology(one, ["n1"], "site-b"))["services"]
-    after = render("edge", filters.site_topology(two, ["n1", "n2"], "site-b"))["services"]
+    before = render("edge", site_topology(one, ["n1"], "site-b"))["services"]
+    after = render("edge", site_topology(two, ["n1", "n2"], "site-b"))["services"]
     assert "kafka-2" in after and "kafka-2" not in before
     assert after["kafka-1"] == before["kafka-1"]
     for name in ("zookeeper-1", "cassandra-1", "mosquitto"):    # tests/lab/test_7_grow.py checks these too
@@ -176,7 +180,7 @@ def test_adding_a_broker_leaves_the_other_brokers_spec_alone():
 
 def test_unconverged_lists_services_missing_replicas():
     lines = ["site-a_kafka-1 1/1", "site-a_bridge 0/2", "site-a_rollups 2/2 (max 1 per node)", ""]
-    assert filters.unconverged(lines) == ["site-a_bridge"]
+    assert unconverged(lines) == ["site-a_bridge"]
 
 
 # cqlsh's output of SELECT JSON keyspace_name, replication FROM system_schema.keyspaces ...
@@ -192,32 +196,32 @@ CQLSH_JSON = [
 @pytest.mark.parametrize("nodes, short", [(1, []), (2, ["iot"]), (3, ["system_auth", "iot"]),
                                           (5, ["system_auth", "iot"])])
 def test_replication_short_names_keyspaces_below_min_nodes_3(nodes, short):
-    assert filters.replication_short(CQLSH_JSON, "site-a", nodes, ["system_auth", "iot"]) == short
+    assert replication_short(CQLSH_JSON, "site-a", nodes, ["system_auth", "iot"]) == short
 
 
 def test_replication_short_skips_a_keyspace_not_created_yet():
-    assert filters.replication_short(CQLSH_JSON[:4], "site-a", 2, ["system_auth", "iot"]) == []
-    assert filters.replication_short(CQLSH_JSON, "other-dc", 1, ["system_auth"]) == ["system_auth"]
+    assert replication_short(CQLSH_JSON[:4], "site-a", 2, ["system_auth", "iot"]) == []
+    assert replication_short(CQLSH_JSON, "other-dc", 1, ["system_auth"]) == ["system_auth"]
 
 
 def test_local_spark_mode_runs_jobs_without_master_or_worker():
     from tooling.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local"}
-    services = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    services = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
     assert "spark-master" not in services and "spark-worker" not in services
     assert services["threshold-detector"]["environment"]["SPARK_MASTER_URL"] == "local[1]"
 
 
 def test_updating_lists_services_with_unfinished_rollouts():
     lines = ["site-a_bridge updating", "site-a_kafka-1 completed", "site-a_mosquitto", "site-a_adapter paused"]
-    assert filters.updating(lines) == ["site-a_bridge", "site-a_adapter"]
+    assert updating(lines) == ["site-a_bridge", "site-a_adapter"]
 
 
 def test_rolled_back_lists_services_left_on_their_previous_spec():
     lines = ["site-a_bridge rollback_completed", "site-a_kafka-1 completed", "site-a_mosquitto",
              "site-a_adapter rollback_started"]
-    assert filters.rolled_back(lines) == ["site-a_bridge"]
+    assert rolled_back(lines) == ["site-a_bridge"]
 
 
 def test_lab_jobs_render_with_their_env_and_spark_conf():
@@ -225,7 +229,7 @@ def test_lab_jobs_render_with_their_env_and_spark_conf():
     from tooling.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local", "jobs": lab.LAB_JOBS}
-    edge = render("edge", filters.site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    edge = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
     job = edge["threshold-detector"]
     assert job["environment"]["TRIGGER_INTERVAL"] == "5 seconds"
     conf = job["command"].index("spark.sql.shuffle.partitions=1")
@@ -243,7 +247,7 @@ def test_one_overlay_network_name_for_roles_and_stacks(example):
         assert defaults[name] == "{{ iot_network }}", f"{role} role: {name} must derive from iot_network"
     hostvars, groups = example
     for group, tier in (("site_a", "edge"), ("datacenter", "datacenter")):
-        stack = render(tier, filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
+        stack = render(tier, site_topology(hostvars, groups[group], group.replace("_", "-"), tier))
         assert stack["networks"] == {"iot": {"external": True}}
         assert {name: s["networks"] for name, s in _services(stack).items()} == dict.fromkeys(_services(stack), ["iot"])
 
@@ -251,7 +255,7 @@ def test_one_overlay_network_name_for_roles_and_stacks(example):
 @pytest.mark.parametrize("group, tier", [("site_a", "edge"), ("datacenter", "datacenter")])
 def test_spark_in_cluster_mode_authenticates_every_daemon_and_job_with_the_sites_secret(example, group, tier):
     hostvars, groups = example
-    topology = filters.site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
+    topology = site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
     settings = stack_settings()
     assert settings["spark"]["mode"] == "cluster"                 # the default
     services = _services(render(tier, topology, settings))
@@ -270,10 +274,10 @@ def test_spark_in_cluster_mode_authenticates_every_daemon_and_job_with_the_sites
 def test_registry_htpasswd_is_bcrypt_stable_and_checks_the_password():
     import bcrypt
     key = "k" * 43
-    line = filters.registry_htpasswd("iot", "the-registry-password", key)
-    assert line == filters.registry_htpasswd("iot", "the-registry-password", key)      # reruns change nothing
+    line = registry_htpasswd("iot", "the-registry-password", key)
+    assert line == registry_htpasswd("iot", "the-registry-password", key)      # reruns change nothing
     user, hashed = line.rstrip("\n").split(":", 1)
     assert user == "iot" and hashed.startswith("$2b$10$")
     assert bcrypt.checkpw(b"the-registry-password", hashed.encode())
     assert not bcrypt.checkpw(b"another-password", hashed.encode())
-    assert hashed != filters.registry_htpasswd("iot", "the-registry-password", "o" * 43).split(":", 1)[1].strip()
+    assert hashed != registry_htpasswd("iot", "the-registry-password", "o" * 43).split(":", 1)[1].strip()

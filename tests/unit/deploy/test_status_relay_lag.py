@@ -1,11 +1,11 @@
-"""The lab status table's relay lag: records of a site's topic that MirrorMaker has not copied, read
+"""The status table's relay lag: records of a site's topic that MirrorMaker has not copied, read
 from MirrorMaker's own source offsets (it used to subtract end offsets across the tiers, which went
 negative under exactly-once because transaction markers take offsets at the datacenter)."""
 from __future__ import annotations
 
 import json
 
-from tooling.lab_status import copied_offsets, mm2_offsets_topic, relay_lag
+from deploy.status import copied_offsets, mm2_offsets_topic, relay_lag
 
 TOPIC = "temperature-threshold-events"
 

@@ -21,11 +21,7 @@ import re
 
 import yaml
 
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # unit tests without Ansible
-    class AnsibleFilterError(Exception):  # type: ignore[no-redef]
-        pass
+from deploy.errors import fail
 
 STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-(\d+)$")
 KIND_ORDER = ("zookeeper", "kafka", "cassandra")
@@ -36,9 +32,9 @@ def _load(text: object, what: str) -> dict:
     try:
         doc = yaml.safe_load(str(text or "")) or {}
     except yaml.YAMLError as err:
-        raise AnsibleFilterError(f"{what} is not valid YAML: {err}") from None
+        fail(f"{what} is not valid YAML: {err}")
     if not isinstance(doc, dict):
-        raise AnsibleFilterError(f"{what} is not a stack file (a mapping)")
+        fail(f"{what} is not a stack file (a mapping)")
     return doc
 
 
@@ -132,7 +128,5 @@ def zookeeper_quorum(lines: list, nodes: int) -> bool:
     return modes == ["standalone"] if nodes == 1 else modes.count("leader") == 1
 
 
-class FilterModule:
-    def filters(self):
-        return {"rollout_stages": rollout_stages, "zookeeper_leader": zookeeper_leader,
-                "zookeeper_quorum": zookeeper_quorum}
+# What ansible/filter_plugins/deploy_filters.py registers, by function name.
+FILTERS = {f.__name__: f for f in (rollout_stages, zookeeper_leader, zookeeper_quorum)}

@@ -1,15 +1,16 @@
 """The relay principal's ACLs and MirrorMaker's login line, as the filter plugin renders them from the
-inventory (ansible/filter_plugins/iot_stack.py: relay_acls, scram_jaas_config)."""
+inventory (deploy/kafka_acls.py: relay_acls, scram_jaas_config)."""
 from __future__ import annotations
 
 import io
 from pathlib import Path
 
-from tooling.stack_render import REPO, filters, load_inventory, properties, render_mm2
+from deploy.kafka_acls import relay_acls, scram_jaas_config
+from tooling.stack_render import REPO, load_inventory, properties, render_mm2
 
 
 def test_relay_may_read_and_describe_relayed_topics_and_describe_its_group_only():
-    acls = filters.relay_acls("relay", ["temperature-rollups-1m", "device-registration"], ["site-a-cassandra-adapter"])
+    acls = relay_acls("relay", ["temperature-rollups-1m", "device-registration"], ["site-a-cassandra-adapter"])
     assert {a["principal"] for a in acls} == {"User:relay"}
     assert {a["pattern"] for a in acls} == {"literal"}       # never a prefix: no topic beyond the list
     granted = {(a["resource"], a["name"], a["operation"]) for a in acls}
@@ -34,7 +35,7 @@ def _java_properties_value(line: str) -> str:
 
 def test_jaas_line_survives_properties_and_jaas_escaping():
     password = 'p"a\\ss w0rd-with-quote'
-    line = "x.sasl.jaas.config = " + filters.scram_jaas_config("relay", password)
+    line = "x.sasl.jaas.config = " + scram_jaas_config("relay", password)
     jaas = _java_properties_value(line)
     assert jaas.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required ")
     # The JAAS parser reads quoted values with backslash escapes.

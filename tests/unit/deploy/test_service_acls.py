@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import yaml
 
-from tooling.stack_render import REPO, filters, load_inventory, render_role_template, stack_defaults
+from deploy.kafka_acls import service_acls
+from deploy.preflight import spark_job_refusals
+from deploy.topology import site_topology
+from tooling.stack_render import REPO, load_inventory, render_role_template, stack_defaults
 
 EDGE_ALIASES = ["site-a", "site-b"]
 
@@ -19,7 +22,7 @@ def _granted(acls: list[dict], user: str) -> set[tuple]:
 
 
 def test_edge_services_may_do_what_they_do_and_nothing_else():
-    acls = filters.service_acls(_services("site_a", "edge"))
+    acls = service_acls(_services("site_a", "edge"))
     assert _granted(acls, "bridge") == {
         ("topic", "temperature-data", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
         ("topic", "device-commands", "literal", "READ"), ("topic", "sensor-registration", "literal", "READ"),
@@ -44,7 +47,7 @@ def test_edge_services_may_do_what_they_do_and_nothing_else():
 
 
 def test_datacenter_consumers_read_each_sites_relayed_topics_and_mirrormaker_owns_what_it_relays():
-    acls = filters.service_acls(_services("datacenter", "datacenter"), EDGE_ALIASES)
+    acls = service_acls(_services("datacenter", "datacenter"), EDGE_ALIASES)
     relayed = ("temperature-threshold-events", "temperature-rollups-1m", "device-registration",
                "sensor-registration", "sensor-type-registration")
     assert _granted(acls, "adapter") == {
@@ -67,7 +70,7 @@ def test_datacenter_consumers_read_each_sites_relayed_topics_and_mirrormaker_own
 
 def test_relaying_readings_lets_the_datacenter_adapter_read_them():
     relay = ["temperature-threshold-events", "temperature-data"]
-    acls = filters.service_acls(_services("datacenter", "datacenter", stack_relay_topics=relay), EDGE_ALIASES)
+    acls = service_acls(_services("datacenter", "datacenter", stack_relay_topics=relay), EDGE_ALIASES)
     assert {name for kind, name, _, op in _granted(acls, "adapter") if kind == "topic" and op == "READ"} == {
         f"{site}.{t}" for site in EDGE_ALIASES for t in relay}
 
@@ -77,7 +80,7 @@ def test_every_acl_is_one_iot_kafka_access_accepts():
 
     from services.tools import kafka_access
     for group, tier, sites in (("site_a", "edge", None), ("datacenter", "datacenter", EDGE_ALIASES)):
-        acls = filters.service_acls(_services(group, tier), sites)
+        acls = service_acls(_services(group, tier), sites)
         assert len(kafka_access.parse_acls(json.dumps(acls))) == len(acls) > 0
 
 
@@ -85,7 +88,7 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
     from tooling.stack_render import render
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
-        services = render(tier, filters.site_topology(hostvars, groups[group], alias, tier))["services"]
+        services = render(tier, site_topology(hostvars, groups[group], alias, tier))["services"]
         clients = {name: service for name, service in services.items()
                    if any(key.endswith("BOOTSTRAP") or key.endswith("BOOTSTRAP_SERVERS")
                           for key in service.get("environment", {}))}
@@ -107,9 +110,9 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
 
 def test_preflight_refuses_a_spark_job_without_its_topics_or_with_a_services_name():
     from tooling import lab
-    assert filters.spark_job_refusals(stack_defaults()["stack_spark"]["jobs"]) == []
-    assert filters.spark_job_refusals(lab.LAB_JOBS) == []
-    refusals = filters.spark_job_refusals({"edge": [{"name": "bridge", "reads": ["a"], "writes": ["b"]},
+    assert spark_job_refusals(stack_defaults()["stack_spark"]["jobs"]) == []
+    assert spark_job_refusals(lab.LAB_JOBS) == []
+    refusals = spark_job_refusals({"edge": [{"name": "bridge", "reads": ["a"], "writes": ["b"]},
                                                     {"name": "my-job", "reads": [], "writes": ["b"]},
                                                     {"name": "Bad Name", "reads": ["a"]}]})
     assert refusals == [

@@ -1,13 +1,15 @@
-"""The status table's figures from what Kafka's and Cassandra's tools print (ansible/filter_plugins/iot_stack.py,
+"""The status table's figures from what Kafka's and Cassandra's tools print (deploy/status.py,
 status_table and its parsers), the role's names against the rest of the project, and reading the table back
 from ansible-playbook's output (tooling/lab_status.py)."""
 from __future__ import annotations
 
 import yaml
 
+from deploy.status import cql_counts, group_offsets, kafka_offsets, mm2_records, parse_table, status_rows, status_table
+from deploy.swarm import services_converged
 from services.common import names
 from tooling import lab_status
-from tooling.stack_render import REPO, filters
+from tooling.stack_render import REPO
 
 TOPICS = {"readings": names.TEMPERATURE_DATA, "events": names.THRESHOLD_EVENTS,
           "readings_table": "temperature_readings", "events_table": "temperature_threshold_events"}
@@ -26,25 +28,25 @@ def test_the_roles_names_are_the_projects():
 
 
 def test_offsets_group_offsets_and_mm2_records_are_read_from_the_tools_output():
-    assert filters.kafka_offsets(["temperature-data:0:12", "temperature-data:1:3", "noise", "x:y:z"]) == \
+    assert kafka_offsets(["temperature-data:0:12", "temperature-data:1:3", "noise", "x:y:z"]) == \
         {"temperature-data": {0: 12, 1: 3}}
     describe = ["", "Consumer group 'g' has no active members.", "",
                 "GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID",
                 "g temperature-data 0 100 120 20 - - -", "g temperature-data 1 - 5 - - - -",
                 "g other 0 7 7 0 - - -"]
-    assert filters.group_offsets(describe, "temperature-data") == {0: 100}
-    assert filters.group_offsets(["Error: Consumer group 'g' does not exist."], "temperature-data") == {}
-    assert filters.mm2_records(['["k",{}]\t{"offset": 1}', '["k",{}]\tnull', "Processed a total of 2"]) == \
+    assert group_offsets(describe, "temperature-data") == {0: 100}
+    assert group_offsets(["Error: Consumer group 'g' does not exist."], "temperature-data") == {}
+    assert mm2_records(['["k",{}]\t{"offset": 1}', '["k",{}]\tnull', "Processed a total of 2"]) == \
         [(b'["k",{}]', b'{"offset": 1}'), (b'["k",{}]', None)]
-    assert filters.cql_counts(["table a", "", " count", "-------", "   42", "", "(1 rows)", "table b",
+    assert cql_counts(["table a", "", " count", "-------", "   42", "", "(1 rows)", "table b",
                                "<stdin>:1:InvalidRequest: unconfigured table b"]) == {"a": 42}
 
 
 def test_services_converged_names_the_services_short_of_their_replicas():
     lines = ["site-a_kafka-1 1/1", "site-a_bridge 1/2", "site-a_mosquitto 1/1 (max 1 per node)"]
-    assert filters.services_converged(lines, "site-a") == "2/3 (bridge 1/2)"
-    assert filters.services_converged(lines[:1] + lines[2:], "site-a") == "2/2"
-    assert filters.services_converged([], "site-a") == "none"
+    assert services_converged(lines, "site-a") == "2/3 (bridge 1/2)"
+    assert services_converged(lines[:1] + lines[2:], "site-a") == "2/2"
+    assert services_converged([], "site-a") == "none"
 
 
 def _probe(site: str, first: int, last: int, tier: str = "edge", **extra) -> dict:
@@ -63,7 +65,7 @@ def test_rows_edge_sites_first_then_the_datacenter_and_a_silent_site_says_so():
                          + names.THRESHOLD_EVENTS + '"}]\t{"offset":2}',
                   "cassandra": "table temperature_threshold_events\n 4\n", "services": ["datacenter_kafka-1 1/1"]}
     sites = {"datacenter": "datacenter", "site-b": "edge", "site-a": "edge", "site-c": "edge"}
-    rows = filters.status_rows([datacenter, _probe("site-b", 0, 0), _probe("site-a", 100, 200)], sites, TOPICS)
+    rows = status_rows([datacenter, _probe("site-b", 0, 0), _probe("site-a", 100, 200)], sites, TOPICS)
     assert [r["site"] for r in rows] == ["site-a", "site-b", "site-c", "datacenter"]
     site_a = rows[0]
     assert (site_a["readings/s"], site_a["readings in kafka"], site_a["adapter lag"], site_a["events"]) == \
@@ -77,18 +79,18 @@ def test_rows_edge_sites_first_then_the_datacenter_and_a_silent_site_says_so():
 
 def test_relay_lag_is_not_relayed_without_the_topic_and_n_a_without_the_datacenter():
     datacenter = {"site": "datacenter", "tier": "datacenter", "relayed": ["device-registration"], "mm2": ""}
-    rows = filters.status_rows([datacenter, _probe("site-a", 0, 5)], {"site-a": "edge", "datacenter": "datacenter"},
+    rows = status_rows([datacenter, _probe("site-a", 0, 5)], {"site-a": "edge", "datacenter": "datacenter"},
                                TOPICS)
     assert rows[0]["relay lag"] == "not relayed"
-    rows = filters.status_rows([_probe("site-a", 0, 5)], {"site-a": "edge"}, TOPICS)
+    rows = status_rows([_probe("site-a", 0, 5)], {"site-a": "edge"}, TOPICS)
     assert rows[0]["relay lag"] == "n/a"
 
 
 def test_a_failed_probe_shows_n_a_and_a_note_and_the_table_reads_back():
     broken = {"site": "site-a", "tier": "edge", "kafka": "time first 1.0\ntime last 2.0", "cassandra": "",
               "services": [], "errors": {"kafka": "Error occurred: Timed out waiting for a node assignment."}}
-    text = filters.status_table([broken], {"site-a": "edge"}, TOPICS)
-    rows = filters.parse_table(text)
+    text = status_table([broken], {"site-a": "edge"}, TOPICS)
+    rows = parse_table(text)
     assert rows == [{"site": "site-a", "readings/s": "n/a", "readings in kafka": "n/a", "adapter lag": "n/a",
                      "events": "n/a", "relay lag": "n/a", "cassandra readings": "n/a", "cassandra events": "n/a",
                      "services converged": "none"}]

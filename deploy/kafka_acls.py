@@ -1,0 +1,65 @@
+"""Kafka's ACLs of a site's principals (iot-kafka-access --acls) and MirrorMaker's SCRAM login line."""
+from __future__ import annotations
+
+
+def scram_jaas_config(user: str, password: str) -> str:
+    """sasl.jaas.config of a Java client (MirrorMaker) logging in with SCRAM, as the value of a
+    .properties line: the JAAS parser reads quoted values with backslash escapes, and
+    java.util.Properties unescapes backslashes once more before it."""
+    def quoted(value: object) -> str:
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    jaas = (f"org.apache.kafka.common.security.scram.ScramLoginModule required username={quoted(user)} "
+            f"password={quoted(password)};")
+    return jaas.replace("\\", "\\\\")
+
+
+def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
+    """The relay principal's ACLs on an edge site (iot-kafka-access --acls): MirrorMaker may list,
+    read and copy the configuration of the relayed topics, and read the committed offsets of the
+    groups it checkpoints; nothing else, so it can neither write nor see another topic."""
+    principal = f"User:{user}"
+    acls = [{"principal": principal, "resource": "topic", "name": topic, "pattern": "literal", "operation": op}
+            for topic in topics for op in ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")]
+    acls += [{"principal": principal, "resource": "group", "name": group, "pattern": "literal",
+              "operation": "DESCRIBE"} for group in groups]
+    return acls
+
+
+def service_acls(services: list, relayed_from: list | None = None) -> list[dict]:
+    """The ACLs of a site's own Kafka clients on INTERNAL (iot-kafka-access --acls), one principal per
+    service. Each entry of `services` (templates/kafka-services.yml.j2) names its `user` and what it
+    does: `reads` and `writes` (topics), `groups` (consumer groups it commits in) and `group_prefixes`
+    (the Spark jobs' generated groups); MirrorMaker's also `owns` (topics, groups and transactional
+    ids it creates and runs under, by prefix) and `cluster` (operations on the cluster). At the
+    datacenter (`relayed_from`: the edge sites' aliases) every topic in `reads` is a relayed one,
+    read as "<site>.<topic>" for each site. READ, WRITE and ALL imply DESCRIBE (Kafka's rule)."""
+    acls = []
+
+    def allow(user: str, resource: str, name: str, pattern: str, operation: str) -> None:
+        acl = {"principal": f"User:{user}", "resource": resource, "name": name, "pattern": pattern,
+               "operation": operation}
+        if acl not in acls:
+            acls.append(acl)
+
+    for service in services:
+        user = service["user"]
+        reads = service.get("reads", [])
+        if relayed_from is not None:
+            reads = [f"{site}.{topic}" for topic in reads for site in relayed_from]
+        for topic in reads:
+            allow(user, "topic", topic, "literal", "READ")
+        for topic in service.get("writes", []):
+            allow(user, "topic", topic, "literal", "WRITE")
+        for group in service.get("groups", []):
+            allow(user, "group", group, "literal", "READ")
+        for prefix in service.get("group_prefixes", []):
+            allow(user, "group", prefix, "prefixed", "READ")
+        for owned in service.get("owns", []):
+            allow(user, owned["resource"], owned["name"], owned.get("pattern", "prefixed"), "ALL")
+        for operation in service.get("cluster", []):
+            allow(user, "cluster", "kafka-cluster", "literal", operation)
+    return acls
+
+
+# What ansible/filter_plugins/deploy_filters.py registers, by function name.
+FILTERS = {f.__name__: f for f in (scram_jaas_config, relay_acls, service_acls)}

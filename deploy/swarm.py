@@ -1,0 +1,78 @@
+"""What Docker Swarm and Cassandra report to the health gates, parsed; the stack's files, hashed."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from deploy.topology import CASSANDRA_REPLICAS
+
+
+def stack_files(spec: dict, home: str) -> dict:
+    """{configs|secrets: {name: content}} -> {configs|secrets: {name: {path, hash}}} for the stack template."""
+    return {kind: {name: {"path": f"{home}/{kind}/{name}",
+                          "hash": hashlib.sha256(str(content).encode()).hexdigest()}
+                   for name, content in spec.get(kind, {}).items()}
+            for kind in ("configs", "secrets")}
+
+
+def unconverged(lines: list[str]) -> list[str]:
+    """Services of `docker stack services --format '{{.Name}} {{.Replicas}}'` not running all replicas."""
+    pending = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        running, _, wanted = parts[1].partition("/")
+        if running != wanted:
+            pending.append(parts[0])
+    return pending
+
+
+def replication_short(lines: list[str], dc: str, nodes: int, keyspaces: list[str]) -> list[str]:
+    """Keyspaces of `keyspaces` with fewer than min(nodes, 3) replicas in `dc`, from cqlsh's output of
+    `SELECT JSON keyspace_name, replication FROM system_schema.keyspaces` (one JSON row per line).
+    A keyspace not in the output does not exist yet and is not short; more replicas are not short
+    either (replication is only ever raised; cassandra-auth-setup)."""
+    wanted = min(nodes, CASSANDRA_REPLICAS)
+    found: dict[str, int] = {}
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        found[row["keyspace_name"]] = int(row["replication"].get(dc, 0))
+    return [k for k in keyspaces if k in found and found[k] < wanted]
+
+
+def updating(lines: list[str]) -> list[str]:
+    """Services whose rolling update (or rollback) is not finished, from
+    `docker service inspect --format '{{.Spec.Name}} {{.UpdateStatus.State}}'` lines."""
+    busy = ("updating", "paused", "rollback_started", "rollback_paused")
+    return [parts[0] for parts in (line.split() for line in lines) if len(parts) > 1 and parts[1] in busy]
+
+
+def rolled_back(lines: list[str]) -> list[str]:
+    """Services whose last update Swarm rolled back (its new tasks failed their health within the update's
+    monitor window): they run their previous spec, not the stack file's. Same lines as `updating`."""
+    return [parts[0] for parts in (line.split() for line in lines)
+            if len(parts) > 1 and parts[1] == "rollback_completed"]
+
+
+
+def services_converged(lines: list, stack: str = "") -> str:
+    """`docker stack services --format '{{.Name}} {{.Replicas}}'` -> `converged/all`, followed by the services
+    that do not run all their replicas with their running/desired counts: `11/12 (bridge 0/2)`."""
+    services = [line.split() for line in lines or [] if len(str(line).split()) >= 2]
+    if not services:
+        return "none"
+    pending = set(unconverged([" ".join(parts) for parts in services]))
+    text = f"{len(services) - len(pending)}/{len(services)}"
+    if pending:
+        prefix = f"{stack}_" if stack else ""
+        text += " (" + ", ".join(f"{name.removeprefix(prefix)} {replicas}"
+                                 for name, replicas, *_ in services if name in pending) + ")"
+    return text
+
+
+# What ansible/filter_plugins/deploy_filters.py registers, by function name.
+FILTERS = {f.__name__: f for f in (stack_files, unconverged, replication_short, updating, rolled_back)}
