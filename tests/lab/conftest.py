@@ -25,14 +25,29 @@ REPO = lab.pins.REPO_ROOT
 os.environ["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
 
 
+LAB_UP_TIMEOUT_S = 3600     # scripts/lab up, run in the first lab test's setup (15-20 minutes in a fresh CI lab)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the lab smoke that scripts/test runs by default")
+
+
+@pytest.hookimpl(trylast=True)        # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    """pytest-timeout counts a test's fixture setup: the first test to need the lab also waits for `scripts/lab up`,
+    so it gets the lab's budget on top of its own (else the 900 s default fires inside whichever test comes first)."""
+    first = next((item for item in items if "lab_hosts" in getattr(item, "fixturenames", ())), None)
+    if first is None:
+        return
+    marker = first.get_closest_marker("timeout")
+    own = float(marker.args[0]) if marker and marker.args else float(config.getini("timeout") or 900)
+    first.add_marker(pytest.mark.timeout(own + LAB_UP_TIMEOUT_S), append=False)   # the closest marker wins
 
 
 STEPS: list[tuple[str, float, int]] = []     # (scripts/lab command, seconds, exit status), for the summary
 
 
-def run_lab(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+def run_lab(*args: str, timeout: float = LAB_UP_TIMEOUT_S) -> subprocess.CompletedProcess:
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "tooling.lab", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=timeout)

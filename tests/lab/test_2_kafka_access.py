@@ -132,4 +132,6 @@ def test_a_service_principal_on_the_overlay_sees_and_writes_only_what_its_acls_n
     # Writing device-commands would command devices: the bridge only reads it, so the write is refused.
     probe = _probe_on_the_overlay(lab_hosts, "bridge", password, write=(names.DEVICE_COMMANDS,))
     assert probe["write " + names.DEVICE_COMMANDS] == "TOPIC_AUTHORIZATION_FAILED", probe
-    assert probe["topics"] == sorted([names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS]), probe
+    # It reads sensor-registration whole to check a reading's sensor belongs to the device that sent it.
+    assert probe["topics"] == sorted([names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS,
+                                      names.SENSOR_REGISTRATION]), probe
