@@ -1,16 +1,17 @@
-"""Kafka's ACLs of a site's principals (iot-kafka-access --acls) and MirrorMaker's SCRAM login line."""
+"""Kafka's ACLs of a site's principals (iot-kafka-access --acls) and the SCRAM logins of Kafka's Java clients."""
 from __future__ import annotations
+
+from services.common import kafka_auth
 
 
 def scram_jaas_config(user: str, password: str) -> str:
-    """sasl.jaas.config of a Java client (MirrorMaker) logging in with SCRAM, as the value of a
-    .properties line: the JAAS parser reads quoted values with backslash escapes, and
-    java.util.Properties unescapes backslashes once more before it."""
-    def quoted(value: object) -> str:
-        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-    jaas = (f"org.apache.kafka.common.security.scram.ScramLoginModule required username={quoted(user)} "
-            f"password={quoted(password)};")
-    return jaas.replace("\\", "\\\\")
+    """sasl.jaas.config of a Java client (MirrorMaker) logging in with SCRAM, as the value of a .properties line."""
+    return kafka_auth.properties_value(kafka_auth.jaas_config(user, password))
+
+
+def kafka_client_properties(login: dict) -> str:
+    """The --command-config of Kafka's tools for `login` ({user, password}) on INTERNAL (topics, health, status)."""
+    return kafka_auth.client_properties(str(login["user"]), str(login["password"]))
 
 
 def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
@@ -62,4 +63,4 @@ def service_acls(services: list, relayed_from: list | None = None) -> list[dict]
 
 
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
-FILTERS = {f.__name__: f for f in (scram_jaas_config, relay_acls, service_acls)}
+FILTERS = {f.__name__: f for f in (scram_jaas_config, kafka_client_properties, relay_acls, service_acls)}

@@ -64,11 +64,23 @@ def internal_config(environ: Mapping[str, str] | None = None,
 
 
 def jaas_config(user: str, password: str) -> str:
-    """sasl.jaas.config of a Java client logging in with SCRAM (quoted values, backslash escapes)."""
-    def quoted(value: str) -> str:
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """sasl.jaas.config of a Java client logging in with SCRAM (quoted values, backslash escapes): the one
+    builder of this line, for the services, the Ansible roles (deploy/kafka_acls.py) and the tests."""
+    def quoted(value: object) -> str:
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
     return f"org.apache.kafka.common.security.scram.ScramLoginModule required username={quoted(user)} " \
            f"password={quoted(password)};"
+
+
+def properties_value(value: str) -> str:
+    """A value as the right-hand side of a .properties line: java.util.Properties unescapes backslashes once."""
+    return value.replace("\\", "\\\\")
+
+
+def client_properties(user: str, password: str) -> str:
+    """A Java tool's --command-config for a login to INTERNAL (kafka-topics, kafka-consumer-groups ...)."""
+    return "\n".join(["security.protocol=SASL_PLAINTEXT", f"sasl.mechanism={MECHANISM}",
+                      f"sasl.jaas.config={properties_value(jaas_config(user, password))}"])
 
 
 def java_internal_options(environ: Mapping[str, str] | None = None,

@@ -39,6 +39,16 @@ def test_jaas_values_are_quoted_so_a_quote_in_a_password_cannot_end_it():
         'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="a\\"b\\\\c";'
 
 
+def test_a_tools_client_properties_hold_the_jaas_line_escaped_once_more_for_java_properties():
+    """The roles' --command-config (deploy/kafka_acls.py kafka_client_properties): java.util.Properties
+    unescapes backslashes once, so the JAAS parser still sees one escaped backslash."""
+    from deploy.kafka_acls import kafka_client_properties
+    text = kafka_client_properties({"user": "admin", "password": 'p\\w"d'})
+    assert text.splitlines() == ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=SCRAM-SHA-512",
+                                 "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                                 'username="admin" password="p\\\\\\\\w\\\\"d";']
+
+
 def test_a_spark_job_reads_and_writes_as_its_principal_in_its_own_groups(monkeypatch, tmp_path):
     (tmp_path / "pw").write_text("job-password-0123456789")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")
