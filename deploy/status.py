@@ -121,10 +121,11 @@ def cql_counts(lines: list) -> dict[str, int]:
     return counts
 
 
-def _number(value: object, digits: int = 0) -> str:
+def _cell(value: object) -> str:
+    """A figure as the table shows it: n/a for a figure a probe could not measure, rates without decimals."""
     if value is None:
         return "n/a"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return f"{value:.0f}" if isinstance(value, float) else str(value)
 
 
 def _edge_row(probe: dict, topics: dict, records: list | None, relayed: list | None) -> dict:
@@ -156,12 +157,10 @@ def _edge_row(probe: dict, topics: dict, records: list | None, relayed: list | N
         ends = {p: (earliest.get(events, {}).get(p, 0), high) for p, high in last[events].items()}
         relay = relay_lag(ends, copied_offsets(records, probe["site"], events))
     counts = cql_counts(str(probe.get("cassandra") or "").splitlines())
-    return {"site": probe["site"], "readings/s": _number(rate), "readings in kafka": _number(now),
-            "adapter lag": _number(lag),
-            "events": _number(sum(last[events].values()) if events in last else None),
-            "relay lag": _number(relay),
-            "cassandra readings": _number(counts.get(topics["readings_table"])),
-            "cassandra events": _number(counts.get(topics["events_table"])),
+    return {"site": probe["site"], "readings/s": None if rate is None else round(rate, 1), "readings in kafka": now,
+            "adapter lag": lag, "events": sum(last[events].values()) if events in last else None,
+            "relay lag": relay, "cassandra readings": counts.get(topics["readings_table"]),
+            "cassandra events": counts.get(topics["events_table"]),
             "services converged": services_converged(probe.get("services"), probe["site"])}
 
 
@@ -184,10 +183,10 @@ def status_rows(probes: list, sites: dict, topics: dict) -> list[dict]:
                                           for c in STATUS_COLUMNS[1:]}})
         elif sites[site] == "datacenter":
             counts = cql_counts(str(probe.get("cassandra") or "").splitlines())
-            readings = _number(counts.get(topics["readings_table"])) if topics["readings"] in (relayed or []) else "-"
+            readings = counts.get(topics["readings_table"]) if topics["readings"] in (relayed or []) else "-"
             rows.append({"site": site, "readings/s": "-", "readings in kafka": "-", "adapter lag": "-", "events": "-",
                          "relay lag": "-", "cassandra readings": readings,
-                         "cassandra events": _number(counts.get(topics["events_table"])),
+                         "cassandra events": counts.get(topics["events_table"]),
                          "services converged": services_converged(probe.get("services"), site)})
         else:
             rows.append(_edge_row(probe, topics, records, relayed))
@@ -199,32 +198,27 @@ def format_table(rows: list) -> str:
     if not rows:
         return ""
     columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    widths = {c: max(len(c), *(len(_cell(r[c])) for r in rows)) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns).rstrip() for r in rows]
+    lines += ["  ".join(_cell(r[c]).ljust(widths[c]) for c in columns).rstrip() for r in rows]
     return "\n".join(lines)
 
 
-def parse_table(text: str) -> list[dict]:
-    """format_table's text back into rows: columns start where their header starts; the table ends at the
-    first blank line (notes follow it)."""
-    lines = str(text).strip("\n").split("\n\n")[0].splitlines()
-    if not lines:
-        return []
-    starts = [m.start() for m in re.finditer(r"(?:^|(?<=  ))\S", lines[0])]
-    names = [lines[0][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
-    spans = list(zip(names, starts, [*starts[1:], None], strict=True))
-    return [{name: line[a:b].strip() for name, a, b in spans} for line in lines[1:]]
-
-
-def status_table(probes: list, sites: dict, topics: dict) -> str:
-    """The status playbook's table: status_rows, formatted, then a note for each probe that failed (its
-    figures show n/a) with the last line it wrote on stderr."""
+def status_report(probes: list, sites: dict, topics: dict) -> dict:
+    """What the status playbook prints and writes as JSON (-e status_json_file=PATH): the columns, one row per
+    site (status_rows; a figure a probe could not measure is null) and a note for each probe that failed,
+    with the last line it wrote on stderr."""
     notes = [f"{probe['site']}: the {name} probe failed: {message}"
              for probe in sorted(probes or [], key=lambda p: p["site"])
              for name, message in sorted((probe.get("errors") or {}).items())]
-    return "\n".join([format_table(status_rows(probes, sites, topics)), *([""] + notes if notes else [])])
+    return {"columns": list(STATUS_COLUMNS), "rows": status_rows(probes, sites, topics), "notes": notes}
+
+
+def status_table(report: dict) -> str:
+    """A status report as the operator reads it: the table, then its notes after a blank line."""
+    notes = list(report.get("notes") or [])
+    return "\n".join([format_table(report.get("rows") or []), *([""] + notes if notes else [])])
 
 
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
-FILTERS = {f.__name__: f for f in (mm2_offsets_topic, status_table)}
+FILTERS = {f.__name__: f for f in (mm2_offsets_topic, status_report, status_table)}

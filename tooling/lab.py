@@ -586,12 +586,6 @@ def cql(host: LabHost, site: str, query: str, node: int = 1) -> str:
     return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
 
 
-def status(hosts: list[LabHost], timeout: float = 900) -> subprocess.CompletedProcess:
-    """The status playbook (ansible/status.yml, the status of any deployment) run against the lab's inventory."""
-    from tooling import lab_status
-    return lab_status.run_playbook(write_inventory(hosts), timeout=timeout)
-
-
 def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
     """What an operator looks at first when the lab misbehaves: every site's services with their
     replicas, and for each service not fully running its task states and the tail of its logs."""
@@ -737,25 +731,25 @@ def main(argv: list[str] | None = None) -> int:
 def print_status(hosts: list[LabHost], check: bool = True) -> None:
     """Print the status playbook's table. Without `check` (after up and add-site) a failed run is only
     reported: the lab is up either way."""
+    from deploy.status import status_table
     from tooling import lab_status
     log("lab", "running ansible/status.yml against the lab")
     try:
-        result = status(hosts, timeout=900 if check else 300)
+        result, report = lab_status.run_report(write_inventory(hosts), timeout=900 if check else 300)
     except subprocess.TimeoutExpired as err:
         message = f"lab: ansible/status.yml did not finish in {err.timeout:.0f}s"
         if check:
             raise SystemExit(message) from None
         log("lab", message)
         return
-    table = lab_status.table_text(result.stdout)
-    if result.returncode != 0 or not table:
+    if result.returncode != 0 or report is None:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
         message = f"lab: ansible/status.yml failed (exit {result.returncode}); last lines:\n{tail}"
         if check:
             raise SystemExit(message)
         log("lab", message)
-    if table:
-        print(table)
+    if report is not None:
+        print(status_table(report))
     print(monitoring_pages(hosts))
 
 

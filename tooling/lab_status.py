@@ -1,25 +1,26 @@
 """The lab's status table: `ansible/status.yml` (the status playbook of any deployment) run against the lab.
 
 The playbook measures each site on its manager with Kafka's and Cassandra's own tools and prints one table;
-its figures come from deploy/status.py. Here: running the playbook, and reading its table and PLAY RECAP
-back (the lab test and `scripts/lab status` use them).
+its figures come from deploy/status.py. Here: running the playbook, and reading its JSON report and PLAY RECAP
+(the lab test and `scripts/lab status` use them).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from deploy.status import STATUS_COLUMNS, parse_table  # noqa: F401 - parse_table is re-exported
+from deploy.status import STATUS_COLUMNS
 from tooling import pins
 
 PLAYBOOK = pins.REPO_ROOT / "ansible" / "status.yml"
 
 
-# Re-exported: the status table's columns and parser live in the one place the playbook uses.
-COLUMNS = STATUS_COLUMNS
+COLUMNS = STATUS_COLUMNS      # re-exported: the columns live where the playbook's figures are computed
 
 RECAP = re.compile(r"^(\S+)\s*:\s*((?:\w+=\d+\s*)+)$", re.MULTILINE)
 
@@ -34,32 +35,17 @@ def run_playbook(inventory: Path, *extra: str, timeout: float = 900, playbook: P
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def table_text(output: str) -> str:
-    """The table the playbook printed (the status task's `msg: |-` block, dedented), or '' if it printed none."""
-    lines = output.splitlines()
-    start = next((i for i, line in enumerate(lines)
-                  if line.startswith("TASK [status : Print the status of every site]")), None)
-    if start is None:
-        return ""
-    block: list[str] = []
-    indent = None
-    for line in lines[start + 1:]:
-        if indent is None:
-            match = re.match(r"^(\s*)msg: \|-?\s*$", line)
-            if match:
-                indent = len(match.group(1))
-            elif line.startswith(("TASK [", "PLAY [", "PLAY RECAP")):
-                return ""
-            continue
-        if line.strip() and len(line) - len(line.lstrip()) <= indent:
-            break
-        block.append(line)
-    while block and not block[-1].strip():
-        block.pop()
-    if not block:
-        return ""
-    margin = min(len(line) - len(line.lstrip()) for line in block if line.strip())
-    return "\n".join(line[margin:] for line in block)
+def run_report(inventory: Path, *extra: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The status playbook's run and the figures it wrote as JSON (deploy/status.py status_report); None when
+    it wrote none (it failed before its last task)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "status.json"
+        result = run_playbook(inventory, "-e", f"status_json_file={path}", *extra, timeout=timeout)
+        return result, json.loads(path.read_text()) if path.exists() else None
+
+
+def rows_by_site(report: dict) -> dict[str, dict]:
+    return {row["site"]: row for row in report["rows"]}
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from deploy.status import status_table
 from tooling import lab_status
 
 pytestmark = pytest.mark.smoke     # about a minute on a running lab: part of the lab smoke
@@ -17,20 +18,22 @@ CONVERGED = re.compile(r"^(\d+)/(\d+)$")
 
 @pytest.fixture(scope="module")
 def run(inventory):
-    return lab_status.run_playbook(inventory)
+    return lab_status.run_report(inventory)
 
 
 @pytest.fixture(scope="module")
-def rows(run) -> dict[str, dict[str, str]]:
-    table = lab_status.table_text(run.stdout)
-    print(table)
-    return {row["site"]: row for row in lab_status.parse_table(table)}
+def rows(run) -> dict[str, dict]:
+    result, report = run
+    assert report is not None, "the status run wrote no JSON report:\n" + (result.stdout + result.stderr)[-5000:]
+    print(status_table(report))
+    return lab_status.rows_by_site(report)
 
 
 def test_the_status_run_succeeds_and_changes_nothing(run, lab_hosts):
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-5000:]
-    recap = lab_status.recap(run.stdout)
+    result, _ = run
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    recap = lab_status.recap(result.stdout)
     assert set(recap) >= {h.name for h in lab_hosts}, output[-3000:]
     assert {host: counts for host, counts in recap.items()
             if counts.get("changed") or counts.get("failed") or counts.get("unreachable")} == {}, recap

@@ -134,18 +134,21 @@ def run(tmp_path_factory):
                PATH=f"{fake}:{BIN}:{os.environ.get('PATH', '')}")
     result = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible/status.yml"),
                              "-e", "ansible_become=false", "-e", "status_sample_seconds=2",
+                             "-e", f"status_json_file={root / 'status.json'}",
                              "-e", "ansible_python_interpreter=" + sys.executable],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return result, calls
+    report = json.loads((root / "status.json").read_text()) if (root / "status.json").exists() else None
+    return result, calls, report
 
 
-def _rows(result) -> dict[str, dict]:
-    return {row["site"]: row for row in lab_status.parse_table(lab_status.table_text(result.stdout))}
+def _rows(result, report) -> dict[str, dict]:
+    assert report is not None, "no JSON report: " + result.stdout[-3000:]
+    return lab_status.rows_by_site(report)
 
 
 def test_the_run_succeeds_and_changes_nothing(run):
-    result, _ = run
+    result, _, _ = run
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     recap = lab_status.recap(result.stdout)
     assert set(recap) == {"dc-1", "site-a-1", "site-a-2", "site-b-1"}, result.stdout[-3000:]
@@ -153,29 +156,31 @@ def test_the_run_succeeds_and_changes_nothing(run):
 
 
 def test_one_row_per_site_with_the_figures_the_tools_printed(run):
-    result, _ = run
-    rows = _rows(result)
+    result, _, report = run
+    rows = _rows(result, report)
+    assert report["columns"] == list(lab_status.COLUMNS)
+    assert "site-a  " in result.stdout and "services converged" in result.stdout    # the table, printed
     assert list(rows) == ["site-a", "site-b", "datacenter"], result.stdout[-3000:]
     site_a = rows["site-a"]
     assert 12 <= float(site_a["readings/s"]) <= 28, site_a          # 20/s, sampled about 2 s apart
     assert int(site_a["readings in kafka"]) > 3000
     # Partition 0 committed at 100; partitions 1 and 2 have no committed offset and count from 0.
     assert int(site_a["adapter lag"]) == int(site_a["readings in kafka"]) - 100, site_a
-    assert site_a["events"] == "60"
+    assert site_a["events"] == 60
     # Copied up to 8 of 10 and 20 of 20; nothing of partition 2, whose oldest offset is 5: 2 + 0 + 25.
-    assert site_a["relay lag"] == "27", site_a
-    assert rows["site-b"]["relay lag"] == "0", rows["site-b"]
-    assert site_a["cassandra readings"] == str(len("temperature_readings") * 10)
-    assert site_a["cassandra events"] == str(len("temperature_threshold_events") * 10)
+    assert site_a["relay lag"] == 27, site_a
+    assert rows["site-b"]["relay lag"] == 0, rows["site-b"]
+    assert site_a["cassandra readings"] == len("temperature_readings") * 10
+    assert site_a["cassandra events"] == len("temperature_threshold_events") * 10
     assert site_a["services converged"] == "5/5"
     assert rows["site-b"]["services converged"] == "4/5 (bridge 0/2)"
     datacenter = rows["datacenter"]
     assert datacenter["readings/s"] == "-" and datacenter["cassandra readings"] == "-"   # readings are not relayed
-    assert datacenter["cassandra events"] == str(len("temperature_threshold_events") * 10)
+    assert datacenter["cassandra events"] == len("temperature_threshold_events") * 10
 
 
 def test_passwords_go_on_stdin_never_on_a_command_line_or_in_the_output(run):
-    result, calls = run
+    result, calls, _ = run
     assert calls, "the fake docker was never called"
     assert not any(OPERATOR_PASSWORD in arg or CASSANDRA_PASSWORD in arg for call in calls for arg in call["argv"])
     kafka_logins = [call for call in calls if OPERATOR_PASSWORD in call["stdin"]]
@@ -185,13 +190,13 @@ def test_passwords_go_on_stdin_never_on_a_command_line_or_in_the_output(run):
 
 
 def test_the_probes_run_on_each_sites_manager_only(run):
-    _, calls = run
+    _, calls, _ = run
     services = sorted(call["argv"][2] for call in calls if call["argv"][:2] == ["stack", "services"])
     assert services == ["datacenter", "site-a", "site-b"]
 
 
 def test_mirrormaker_offsets_are_read_for_every_edge_site_without_committing(run):
-    _, calls = run
+    _, calls, _ = run
     (mm2,) = [call for call in calls if "python" in call["argv"]]
     argv = mm2["argv"]
     assert argv[argv.index("-c") + 3:] == ["mm2-offsets.site-a.internal", "mm2-offsets.site-b.internal"]

@@ -1,11 +1,21 @@
 """The status table's figures from what Kafka's and Cassandra's tools print (deploy/status.py,
-status_table and its parsers), the role's names against the rest of the project, and reading the table back
+status_table and its parsers), the role's names against the rest of the project, and reading the PLAY RECAP
 from ansible-playbook's output (tooling/lab_status.py)."""
 from __future__ import annotations
 
+import json
+
 import yaml
 
-from deploy.status import cql_counts, group_offsets, kafka_offsets, mm2_records, parse_table, status_rows, status_table
+from deploy.status import (
+    cql_counts,
+    group_offsets,
+    kafka_offsets,
+    mm2_records,
+    status_report,
+    status_rows,
+    status_table,
+)
 from deploy.swarm import services_converged
 from services.common import names
 from tooling import lab_status
@@ -69,12 +79,12 @@ def test_rows_edge_sites_first_then_the_datacenter_and_a_silent_site_says_so():
     assert [r["site"] for r in rows] == ["site-a", "site-b", "site-c", "datacenter"]
     site_a = rows[0]
     assert (site_a["readings/s"], site_a["readings in kafka"], site_a["adapter lag"], site_a["events"]) == \
-        ("20", "200", "3", "4")
-    assert site_a["relay lag"] == "1"                      # copied 0..2 of 4
-    assert site_a["cassandra readings"] == "9" and site_a["cassandra events"] == "n/a"
-    assert rows[1]["relay lag"] == "4" and rows[1]["readings/s"] == "0"
+        (20.0, 200, 3, 4)
+    assert site_a["relay lag"] == 1                        # copied 0..2 of 4
+    assert site_a["cassandra readings"] == 9 and site_a["cassandra events"] is None
+    assert rows[1]["relay lag"] == 4 and rows[1]["readings/s"] == 0
     assert rows[2]["services converged"] == "no answer"
-    assert rows[3]["cassandra events"] == "4" and rows[3]["cassandra readings"] == "-"
+    assert rows[3]["cassandra events"] == 4 and rows[3]["cassandra readings"] == "-"
 
 
 def test_relay_lag_is_not_relayed_without_the_topic_and_n_a_without_the_datacenter():
@@ -83,42 +93,30 @@ def test_relay_lag_is_not_relayed_without_the_topic_and_n_a_without_the_datacent
                                TOPICS)
     assert rows[0]["relay lag"] == "not relayed"
     rows = status_rows([_probe("site-a", 0, 5)], {"site-a": "edge"}, TOPICS)
-    assert rows[0]["relay lag"] == "n/a"
+    assert rows[0]["relay lag"] is None
 
 
-def test_a_failed_probe_shows_n_a_and_a_note_and_the_table_reads_back():
+def test_a_failed_probe_is_null_in_the_report_n_a_in_the_table_and_a_note():
     broken = {"site": "site-a", "tier": "edge", "kafka": "time first 1.0\ntime last 2.0", "cassandra": "",
               "services": [], "errors": {"kafka": "Error occurred: Timed out waiting for a node assignment."}}
-    text = status_table([broken], {"site-a": "edge"}, TOPICS)
-    rows = parse_table(text)
-    assert rows == [{"site": "site-a", "readings/s": "n/a", "readings in kafka": "n/a", "adapter lag": "n/a",
-                     "events": "n/a", "relay lag": "n/a", "cassandra readings": "n/a", "cassandra events": "n/a",
-                     "services converged": "none"}]
-    assert text.endswith("\n\nsite-a: the kafka probe failed: Error occurred: Timed out waiting for a node assignment.")
+    report = status_report([broken], {"site-a": "edge"}, TOPICS)
+    assert json.loads(json.dumps(report)) == report                         # what status_json_file holds
+    assert report["rows"] == [{"site": "site-a", "readings/s": None, "readings in kafka": None, "adapter lag": None,
+                               "events": None, "relay lag": None, "cassandra readings": None,
+                               "cassandra events": None, "services converged": "none"}]
+    header, row, blank, note = status_table(report).split("\n")
+    assert header.split("  ")[0] == "site" and row.split() == ["site-a", *["n/a"] * 7, "none"] and blank == ""
+    assert note == "site-a: the kafka probe failed: Error occurred: Timed out waiting for a node assignment."
 
 
-OUTPUT = """TASK [status : Print the status of every site] *********************************
-ok: [site-a-1] =>
-    msg: |-
-        site        readings/s  readings in kafka  services converged
-        site-a      20          300                12/12
-        datacenter  -           -                  11/12 (notifier 0/1)
-
-        datacenter: the cassandra probe failed: exit 2
-
-PLAY RECAP *********************************************************************
+RECAP = """PLAY RECAP *********************************************************************
 dc-1                       : ok=14   changed=0    unreachable=0    failed=0    skipped=3    rescued=0    ignored=0
 site-a-1                   : ok=16   changed=1    unreachable=0    failed=0    skipped=2    rescued=0    ignored=0
 """
 
 
-def test_the_table_and_the_recap_are_read_from_ansible_playbooks_output():
-    rows = lab_status.parse_table(lab_status.table_text(OUTPUT))
-    assert rows == [{"site": "site-a", "readings/s": "20", "readings in kafka": "300", "services converged": "12/12"},
-                    {"site": "datacenter", "readings/s": "-", "readings in kafka": "-",
-                     "services converged": "11/12 (notifier 0/1)"}]
-    assert "cassandra probe failed" in lab_status.table_text(OUTPUT)
-    assert lab_status.recap(OUTPUT)["site-a-1"]["changed"] == 1
-    assert lab_status.recap(OUTPUT)["dc-1"] == {"ok": 14, "changed": 0, "unreachable": 0, "failed": 0, "skipped": 3,
-                                                 "rescued": 0, "ignored": 0}
-    assert lab_status.table_text("PLAY RECAP ****\n") == ""
+def test_the_recap_is_read_from_ansible_playbooks_output():
+    assert lab_status.recap(RECAP)["site-a-1"]["changed"] == 1
+    assert lab_status.recap(RECAP)["dc-1"] == {"ok": 14, "changed": 0, "unreachable": 0, "failed": 0, "skipped": 3,
+                                                "rescued": 0, "ignored": 0}
+    assert lab_status.recap("no recap here") == {}
