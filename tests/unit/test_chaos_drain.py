@@ -8,6 +8,7 @@ import confluent_kafka
 import pytest
 
 from services.common import contracts
+from tests.unit.fake_kafka import FakeMessage
 from tooling import chaos
 
 # ---------------------------------------------------------------- drain figures
@@ -128,27 +129,8 @@ def test_the_table_names_each_alert_with_its_delay():
 # ---------------------------------------------------------------- _read_since against a fake consumer
 
 
-class Msg:
-    def __init__(self, partition: int, offset: int, key: bytes = b"k", value: bytes = b"{}", error=None):
-        self._p, self._o, self._k, self._v, self._e = partition, offset, key, value, error
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def key(self):
-        return self._k
-
-    def value(self):
-        return self._v
-
-    def error(self):
-        return self._e
-
-    def headers(self):
-        return []
+def Msg(partition: int, offset: int, key: bytes = b"k", value: bytes = b"{}", error=None) -> FakeMessage:
+    return FakeMessage(partition=partition, offset=offset, key=key, value=value, error=error, headers=[])
 
 
 class FakeConsumer:

@@ -14,35 +14,13 @@ from services.adapter import app
 from services.adapter.app import Adapter
 from services.adapter.mappings import DEFAULT_MAPPINGS
 from services.common import names
+from tests.unit.fake_kafka import FakeMessage
 
 TOPIC = names.TEMPERATURE_DATA
 
 
-class _Msg:
-    def __init__(self, value, offset, partition=0, key=b"s-1", headers=None, topic=TOPIC):
-        self._value, self._offset, self._partition, self._key, self._topic = value, offset, partition, key, topic
-        self._headers = headers
-
-    def error(self):
-        return None
-
-    def topic(self):
-        return self._topic
-
-    def partition(self):
-        return self._partition
-
-    def offset(self):
-        return self._offset
-
-    def key(self):
-        return self._key
-
-    def value(self):
-        return self._value
-
-    def headers(self):
-        return self._headers
+def _Msg(value, offset, partition=0, key=b"s-1", headers=None, topic=TOPIC) -> FakeMessage:
+    return FakeMessage(topic=topic, partition=partition, offset=offset, key=key, value=value, headers=headers)
 
 
 class _Producer:
@@ -181,13 +159,8 @@ def test_shutdown_drains_in_flight_writes_commits_and_closes(adapter):
 
 # ------------------------------------------------------------------ consumer errors
 
-class _ErrorMsg(_Msg):
-    def __init__(self, error):
-        super().__init__(None, 0)
-        self._error = error
-
-    def error(self):
-        return self._error
+def _ErrorMsg(error) -> FakeMessage:
+    return FakeMessage(topic=TOPIC, error=error)
 
 
 def test_a_passing_consumer_error_is_logged_and_skipped(adapter, caplog):

@@ -13,6 +13,7 @@ from services.bridge.owners import SensorOwners
 from services.bridge.routing import Router
 from services.bridge.rules import DEFAULT_RULES, Mapping
 from services.common import names
+from tests.unit.fake_kafka import FakeMessage
 
 GOOD = json.dumps({"timestamp": 1700000000000, "temperature": 21.5, "unit": "C"}).encode()
 
@@ -88,24 +89,8 @@ def test_a_bad_payload_is_named_for_what_it_is_before_ownership(router):
 
 # ------------------------------------------------------------------ the table from the topic
 
-class _Msg:
-    def __init__(self, partition: int, offset: int, key: bytes | None, value: bytes | None, error=None):
-        self._p, self._o, self._k, self._v, self._e = partition, offset, key, value, error
-
-    def error(self):
-        return self._e
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def key(self):
-        return self._k
-
-    def value(self):
-        return self._v
+def _Msg(partition: int, offset: int, key: bytes | None, value: bytes | None, error=None) -> FakeMessage:
+    return FakeMessage(partition=partition, offset=offset, key=key, value=value, error=error)
 
 
 class _TP:

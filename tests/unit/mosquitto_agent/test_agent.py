@@ -17,25 +17,13 @@ from services.mosquitto_agent.metrics import Figures
 from services.mosquitto_agent.settings import AgentSettings
 from services.mqtt import codec
 from services.mqtt.session import MqttSession
+from tests.unit.fake_kafka import FakeMessage
 
 HASH = "$7$1000$AAAAAAAAAAAAAAAA$" + "A" * 86 + "=="
 
 
-class Msg:
-    def __init__(self, key, value, partition=0, error=None):
-        self._key, self._value, self._partition, self._error = key, value, partition, error
-
-    def key(self):
-        return self._key
-
-    def value(self):
-        return self._value
-
-    def partition(self):
-        return self._partition
-
-    def error(self):
-        return self._error
+def Msg(key, value, partition=0, error=None) -> FakeMessage:
+    return FakeMessage(partition=partition, key=key, value=value, error=error)
 
 
 class Eof:
