@@ -193,11 +193,12 @@ def status_rows(probes: list, sites: dict, topics: dict) -> list[dict]:
     return rows
 
 
-def format_table(rows: list) -> str:
-    """Rows (dicts with the same keys) as left-aligned columns, two spaces apart, no trailing blanks."""
+def format_table(rows: list, columns: list | None = None) -> str:
+    """Rows (dicts with the same keys) as left-aligned columns in the order of `columns` (default: the first
+    row's keys), two spaces apart, no trailing blanks."""
     if not rows:
         return ""
-    columns = list(rows[0])
+    columns = list(columns or rows[0])
     widths = {c: max(len(c), *(len(_cell(r[c])) for r in rows)) for c in columns}
     lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
     lines += ["  ".join(_cell(r[c]).ljust(widths[c]) for c in columns).rstrip() for r in rows]
@@ -217,7 +218,9 @@ def status_report(probes: list, sites: dict, topics: dict) -> dict:
 def status_table(report: dict) -> str:
     """A status report as the operator reads it: the table, then its notes after a blank line."""
     notes = list(report.get("notes") or [])
-    return "\n".join([format_table(report.get("rows") or []), *([""] + notes if notes else [])])
+    # The report's columns give the order: JSON readers (Ansible's to_nice_json among them) may sort a row's keys.
+    table = format_table(report.get("rows") or [], report.get("columns"))
+    return "\n".join([table, *([""] + notes if notes else [])])
 
 
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
