@@ -1,58 +1,18 @@
 """The Kafka-to-Cassandra adapter: at-least-once, bounded, never skips.
 
-A consumer group reads the mapped topics (adapter.mappings), turns each record
-into a row (adapter.schema) and writes it with prepared statements, many
-requests in flight (adapter.writer). Offsets are committed per partition only
-up to the last record whose row is written or whose dead-letter copy Kafka has
-acknowledged (common.offsets), so a crash replays, never skips; a replayed
-record overwrites its own row (the event time is part of the key).
+A consumer group reads the mapped topics (adapter.mappings), turns each record into a row (adapter.schema)
+and writes it with prepared statements, many requests in flight (adapter.writer). Offsets are committed per
+partition only up to the last record whose row is written or whose dead-letter copy Kafka acknowledged
+(common.offsets), so a crash replays, never skips, and a replayed record overwrites its own row (event time
+is part of the key): tests/integration/test_cassandra_adapter.py, tests/unit/common/test_offsets.py.
+At most `window` records are between consume and done; while it stays full the partitions are paused and
+polling goes on, so the consumer stays in its group. A record that can never become a row goes to
+`dead-letter` (services.common.dead_letter), never crashes the adapter (tests/unit/adapter/test_adapter_poison.py).
 
-Back-pressure: at most `window` records are between consume and done. When the
-window stays full (Cassandra slow or down) the assigned partitions are paused
-and the loop keeps polling, so the consumer stays in its group however long the
-outage lasts; failed writes are retried with exponential backoff (0.25 s to
-10 s) and consumption resumes when half the window is free.
-
-Records that can never be written (invalid JSON, a contract violation, no site,
-a value Cassandra rejects with InvalidRequest) go to `dead-letter` with the
-original key, value and headers plus dlq_source, dlq_reason ("<reason>: <detail>"),
-dlq_time_ms and dlq_offset (services.common.dead_letter builds them for every service).
-Whatever else goes wrong while one record becomes a row is that record's fault
-too: it is dead-lettered as `unprocessable`, never a crash, because a crash would
-meet the same record again after every restart and stop its partition for good.
-
-CPU per record: on a small node the adapter shares the cores with Kafka and
-Cassandra, and its main thread shares the GIL with the driver's I/O thread, so
-rows/s follow the microseconds spent per record. What depends only on the
-topic (mapping, contract, row builder) is looked up once per topic (_Route),
-and JSON skips json.loads' encoding sniffing when the value is plainly UTF-8
-(contracts.decode_json); both give exactly the results of the plain code
-(tests/unit/adapter/test_writer.py).
-
-Latency, as in the seed thesis: each reading row stores event_time (device),
-ingest_time (bridge header `ingest_ms`), write_time (set by the adapter just
-before the write) and the two differences in milliseconds, so for one sensor-day
-
-    SELECT count(*), avg(ingest_latency_ms), avg(write_latency_ms), max(write_latency_ms)
-    FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
-
-and fleet-wide the same without WHERE (a full scan: for measurements, not
-dashboards). write_time is taken as the row is bound, before Cassandra has it. When Cassandra
-stored it is the row's WRITETIME: the adapter lets the coordinator stamp each write with its own
-clock as it applies it (adapter.cassandra), so per row
-
-    SELECT WRITETIME(temperature) / 1000 - toUnixTimestamp(event_time) AS stored_latency_ms
-    FROM iot.temperature_readings WHERE site = 'site-a' AND sensor_id = 's-1' AND day = '2026-05-09';
-
-is the device-to-stored latency in milliseconds (the clocks of the device and the Cassandra node
-must agree; in the lab and the benchmarks they are one machine's). Shown by
-tests/integration/test_cassandra_adapter.py (stored >= bound for every row).
-
-Run with --help for the options, --print-schema for the CQL.
-
-Modules: this one holds the Adapter loop and main(); adapter.metrics the Prometheus
-metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.
-"""
+Run with --help for the options, --print-schema for the CQL. This module holds the Adapter loop and main();
+adapter.metrics the Prometheus metrics, adapter.cassandra the session and the DDL, adapter.writer the writes.
+Back-pressure, CPU per record and the latency columns (with their queries): docs/architecture.md,
+"Inside the adapter"; dead-letter reasons: "Dead letters"."""
 from __future__ import annotations
 
 import logging

@@ -71,8 +71,8 @@ def connect_cassandra(settings: Settings, stop: Stop):
             # The coordinator stamps each write with its own clock when it applies it (not the driver when
             # it sends): a row's WRITETIME is then when Cassandra stored it, and WRITETIME(temperature)/1000
             # minus the event time is the device-to-stored latency, where write_latency_ms is taken before
-            # the write is sent (docstring of adapter.app). Rows are never updated, so last-write-wins by
-            # the coordinator's clock changes nothing.
+            # the write is sent (docs/architecture.md, "Inside the adapter"). Rows are never updated, so
+            # last-write-wins by the coordinator's clock changes nothing.
             session.use_client_timestamp = False
             return session
         except (NoHostAvailable, UnresolvableContactPoints, OSError) as err:

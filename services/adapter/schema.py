@@ -1,22 +1,16 @@
 """Cassandra table layouts of the adapter and the mapping from contract records to rows.
 
-Pure Python (no driver import) so the unit tests can check every row. A layout
-belongs to a contract; the table name comes from the adapter's mappings.
+Pure Python (no driver import) so the unit tests can check every row. A layout belongs to a contract; the
+table name comes from the adapter's mappings.
 
-Time series (readings, threshold events, rollups) are partitioned by
-((site, sensor_id, day)): one partition per sensor and UTC day, so none grows
-without bound (a sensor at 10 Hz writes 864,000 rows/day, well under the
-~100 MB partitions Cassandra handles comfortably). Rows cluster by event time
-DESC because the common read is "the latest readings of a sensor" (LIMIT n
-without a reversed, slower scan). Event time is the clustering key, so a record
-delivered twice (at-least-once) overwrites its own row instead of adding one.
+Time series (readings, threshold events, rollups) are partitioned by ((site, sensor_id, day)), one partition
+per sensor and UTC day, and cluster by event time DESC. Event time is the clustering key, so a record
+delivered twice (at-least-once) overwrites its own row instead of adding one (the tests: docs/architecture.md,
+"Delivery guarantees"). Registrations are partitioned by site and clustered by id. Why these keys:
+docs/architecture.md, "Inside the adapter".
 
-Registrations are partitioned by site and clustered by id, so "all sensors of a
-site" is one partition read; a site has thousands of devices, not millions.
-
-A layout may gain columns (readings got `device_id`): the adapter adds what an
-existing table lacks at start (add_columns_cql); rows written before hold null there.
-"""
+A layout may gain columns (readings got `device_id`): the adapter adds what an existing table lacks at start
+(add_columns_cql); rows written before hold null there."""
 from __future__ import annotations
 
 import datetime as dt

@@ -1,27 +1,17 @@
 """Asynchronous Cassandra writes for the adapter: grouping, retries, outcomes.
 
-Rows bound for the same partition are sent as one UNLOGGED batch (a
-single-partition batch is one mutation on one replica set: far fewer requests,
-no batch log). Each request is an `execute_async`; the driver's callback threads
-only put the outcome on a queue, and the adapter's main thread collects it, so
-all bookkeeping stays single-threaded.
+Rows bound for the same partition are sent as one UNLOGGED batch. Each request is an `execute_async`; the
+driver's callback threads only put the outcome on a queue, and the adapter's main thread collects it, so all
+bookkeeping stays single-threaded.
 
-Outcomes: written; rejected (Cassandra answered InvalidRequest: the record can
-never be written, a batch is split to find which row); or retried after a
-backoff (node down, timeouts, overload: anything else). Nothing is dropped.
+Outcomes: written; rejected (Cassandra answered InvalidRequest: the record can never be written, a batch is
+split to find which row); or retried after a backoff (node down, timeouts, overload: anything else).
+Nothing is dropped.
 
-Per-row cost matters: on a small machine the adapter's Python thread shares the
-CPU (and the GIL) with the driver's I/O thread, Kafka and Cassandra, so the rows
-a second are set by the microseconds spent per row. Hence, per table, a
-serializer generated once from the layout's column types (one flat function
-instead of a generic loop of calls per value), and a batch built from one
-BoundStatement (which gives the batch its keyspace and routing key) plus the
-other rows' already-serialized values appended directly: the driver's
-BatchStatement.add would first need a BoundStatement per row (about as costly
-as serializing the row) only to take its values out again. The batch is
-byte-for-byte what BatchStatement.add builds (a unit test checks this against
-the pinned driver).
-"""
+Per table, a serializer is generated once from the layout's column types, and a batch is built from one
+BoundStatement plus the other rows' serialized values: byte for byte what BatchStatement.add builds
+(tests/unit/adapter/test_writer.py, against the pinned driver). Why single-partition batches and why this
+serializer: docs/architecture.md, "Inside the adapter"."""
 from __future__ import annotations
 
 import queue

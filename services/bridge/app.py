@@ -1,89 +1,18 @@
 """The MQTT-to-Kafka bridge: at-least-once from the device's PUBACK to Kafka's acks=all.
 
-One thread does everything: MQTT network I/O (services.mqtt.session, driven from
-this loop: select, read, write, misc), the producer's delivery reports (`poll`)
-and the command consumer. So message handling, delivery reports, PUBACKs and
-reconnects never race, and a PUBACK can never reach a newer connection than the
-one the message came on.
+A message is PUBACKed only after its Kafka record (or its dead-letter record) was acknowledged, in arrival
+order (window.Window); at most `window` messages are unacked, announced as MQTT v5 Receive Maximum. Input
+that can never be produced goes to `dead-letter` (routing, services.common.dead_letter) and is acked once
+that record is in Kafka. A Kafka or MQTT failure leaves messages unacked, so Mosquitto redelivers them:
+duplicates are possible, loss is not (tests/integration/test_bridge.py; the window:
+tests/unit/bridge/test_bridge.py). On SIGTERM it hands its share to a running peer (BRIDGE_PEERS_DNS) or
+keeps its subscription, and stops within BRIDGE_DRAIN_S (docs/faults.md, "Bridge replicas", names the tests).
 
-MQTT client
-  The bridge speaks MQTT v5 through its own lean client (services.mqtt.session)
-  rather than paho: paho's per-message cost (a message, properties and info object
-  per PUBLISH, one packet per read call, one socket write per PUBACK) held this
-  same bridge to 16k msg/s against 68k with the lean client on 2 cores
-  (`scripts/bench bridge`, whose paho contender is tooling/paho_bridge.py). The
-  lean client reads 256 KiB at a time, parses every complete packet in the buffer,
-  hands each PUBLISH over as plain values and sends all PUBACKs of a loop turn in
-  one write. The hot path around it caches per
-  topic what the topic implies (rule, key, site, headers: routing.Router)
-  and counts metrics in plain ints, pushed to Prometheus once per loop turn.
+One thread does everything: MQTT I/O (services.mqtt.session, driven from this loop: select, read, write,
+misc), the producer's delivery reports (`poll`) and the command consumer, so message handling, delivery
+reports, PUBACKs and reconnects never race, and a PUBACK never reaches a newer connection than its message's.
 
-Ack and back-pressure
-  A message is PUBACKed only after its Kafka record (or its dead-letter record)
-  was acknowledged, in arrival order (window.Window). At most `window`
-  messages are unacked: the bridge sends the window as MQTT v5 Receive Maximum,
-  so the broker itself stops sending when it is full, and the loop also stops
-  handing messages over (the client keeps at most 256 KiB unparsed, then TCP
-  pushes back). Mosquitto caps what it has in flight to one client at
-  max_inflight_messages (image default 1000, MOSQUITTO_MAX_INFLIGHT_MESSAGES):
-  keep that >= the window, or the smaller of the two is the real window. The rest
-  waits in the session's queue (max_queued_messages). Throughput is bounded by
-  window / Kafka round trip (1000 / ~10 ms = 100k msg/s), so acking late is free.
-
-Bad input
-  Too large (oversized: a payload over BRIDGE_MAX_PAYLOAD_BYTES, or user properties
-  making the record larger than BRIDGE_MAX_RECORD_BYTES), not JSON (invalid_json),
-  no rule for the topic (unmapped, also non-UTF-8 topics), breaking its contract
-  (contract_violation, also a payload naming another device than its topic), a
-  sensor not registered to the topic's device (unregistered_sensor, foreign_sensor;
-  with BRIDGE_SENSOR_OWNERS_TOPIC, services.bridge.owners), refused by Kafka for
-  good (kafka_rejected) or crashing the mapping code (unprocessable): the original
-  bytes go to the dead-letter topic with the reason in a header, and the message is
-  acked once that record is in Kafka. A dead-letter record always fits in
-  BRIDGE_MAX_RECORD_BYTES (services.common.dead_letter); one that Kafka still
-  refuses for good is dropped, counted (bridge_dead_letters_dropped_total) and
-  logged, and its message acked: it never holds the window. A malformed packet from
-  the broker closes the connection instead (nothing of it is acked; it is redelivered).
-
-Kafka failures
-  Kafka down: deliveries stop, the window fills, the broker stops sending and
-  queues for the session; devices keep what the broker will not take. The
-  idempotent producer retries on its own until message.timeout.ms; a record it
-  finally fails is produced again (after 1 s) and its message stays unacked, so a
-  message is acked only after some delivery of it succeeded. A record Kafka can
-  never take (too large, invalid) goes to dead-letter instead. A fatal producer
-  error ends the process without acking: the broker redelivers to the next one.
-  So does a fatal error of the command consumer (e.g. fenced by another replica
-  running with the same BRIDGE_COMMANDS_GROUP_INSTANCE_ID).
-  If the MQTT connection drops, the window is forgotten (not acked) and the
-  broker redelivers on the resumed session: duplicates are possible, loss is not.
-
-MQTT failures (docs/architecture.md, "What a Mosquitto crash costs")
-  Reconnects retry from 0.25 s, doubling to at most 2 s, and the delay only goes
-  back to 0.25 s once a connection was subscribed: a broker that keeps refusing
-  or dropping the bridge is retried every 2 s, never in a tight loop. The cap is
-  short because Mosquitto 2.0 does not persist shared subscriptions: after a
-  Mosquitto restart nothing routes to the bridge until it has subscribed again,
-  so every second of reconnect delay is a second of readings the broker accepts
-  and drops (MQTT v5 devices get PUBACK 0x10 "no matching subscribers" for them).
-  Every connect subscribes again, session or not. A SUBACK that refuses a filter
-  or grants QoS 0 makes the bridge unhealthy (its messages would be lost or
-  unrouted). A resumed connection without the session we had (Session Present
-  0) means the broker lost it and whatever it had queued for us: counted
-  (bridge_sessions_lost_total) and logged as an error.
-
-Shutdown and hand-over (docs/architecture.md, "Bridge replicas")
-  Mosquitto routes a shared subscription's messages to every member's session,
-  connected or not, so a replica that stops while subscribed collects its share
-  until it comes back. On SIGTERM the bridge therefore asks BRIDGE_PEERS_DNS
-  whether another replica runs. If one does (scale-down, rolling update of one
-  of several), it unsubscribes, keeps taking what the broker had already queued
-  for its session until nothing came for HANDOVER_QUIET_S, and leaves with an
-  empty session. If it is the only one (restart of a single replica), it keeps
-  the subscription so the broker queues for it meanwhile. Either way it stops
-  within BRIDGE_DRAIN_S: Kafka confirms what is in flight, it acks that, and it
-  sends a normal DISCONNECT; what is still unacked stays with the broker.
-"""
+Why, and every failure case: docs/architecture.md ("Inside the bridge", "Dead letters") and docs/faults.md."""
 from __future__ import annotations
 
 import json
@@ -119,7 +48,7 @@ _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaE
               KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG, KafkaError._INVALID_ARG}
 _TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE}
 RETRY_DELAY_S = 1.0
-# MQTT reconnect backoff; short cap: see "MQTT failures" above.
+# MQTT reconnect backoff; why the cap is short: docs/faults.md, "Other connection faults the bridge reports".
 RECONNECT_MIN_S, RECONNECT_MAX_S = 0.25, 2.0
 KAFKA_HEALTHY_WITHIN_S = 30.0
 HANDOVER_QUIET_S = 1.0     # hand-over: the session's queue is empty once nothing came for this long

@@ -2,10 +2,9 @@
 
 A rule names the segments of an MQTT topic filter, e.g.
 `sites/{site}/devices/{device_id}/sensors/{sensor_id}/temperature`; a message whose topic matches is
-produced to `kafka_topic` with the key rendered from `key` (e.g. `{sensor_id}`)
-after its payload passed `contract`. Named segments fill payload fields the device
-left out; a payload that contradicts its topic is a contract violation. This module
-parses and matches rules; services.bridge.routing applies them to messages.
+produced to `kafka_topic` with the key rendered from `key` (e.g. `{sensor_id}`) after its payload passed
+`contract`. Named segments fill payload fields the device left out; a payload that contradicts its topic is a
+contract violation. This module parses and matches rules; services.bridge.routing applies them to messages.
 
 Rules are read from a TOML file:
 

@@ -1,30 +1,18 @@
 """Dead-letter records: the one builder every service uses for the `dead-letter` topic.
 
-A dead-letter record carries the original key (else the source, so it is never
-keyless), the original bytes and the original headers minus dead-letter headers
-of an earlier round, then (names.py):
+A dead-letter record carries the original key (else the source, so it is never keyless), the original bytes
+and the original headers minus dead-letter headers of an earlier round, then (names.py) dlq_source (the MQTT
+or Kafka topic), dlq_reason ("<reason>: <detail>": a reason code, which is the metric label, with the generic
+codes here and service-specific ones beside their service, then what is wrong and the fix), dlq_time_ms and,
+for Kafka-sourced records only, dlq_offset ("<partition>:<offset>"). See docs/architecture.md, "Dead letters".
 
-  dlq_source   the MQTT topic or Kafka topic the record came from
-  dlq_reason   "<reason>: <detail>": a reason code (the metric label; the generic
-               ones below, service-specific ones beside their service) and what
-               is wrong and the fix
-  dlq_time_ms  when it was dead-lettered, epoch milliseconds
-  dlq_offset   "<partition>:<offset>" of the source record; Kafka-sourced dead
-               letters only (bridge command path, adapter, Spark), none for MQTT
-
-So that the dead-letter record itself can always be written, it is bounded:
-- with `max_bytes` (the bridge: BRIDGE_MAX_RECORD_BYTES), the whole record (key,
-  value, every header's name and value: record_bytes) stays within it whatever
-  the message carried: headers our services did not set (an MQTT device's user
-  properties) are dropped first, then the value is cut, then, only under a bound
-  too small for what is left, our own headers, the key and the source; the
-  dlq_reason detail says what was dropped or cut;
-- without it (Kafka-sourced records, which already fit Kafka), the value is cut
-  at DLQ_VALUE_LIMIT, with a note in the reason.
-
-The Spark jobs cannot call Python per row: they build the same headers as columns
-(iot_jobs.readings.dead_letters) from DLQ_HEADERS and reason_text. Standard library only.
-"""
+It is bounded so that it can always be written. With `max_bytes` (the bridge: BRIDGE_MAX_RECORD_BYTES) the
+whole record (key, value, every header's name and value: record_bytes) stays within it: headers our services
+did not set (an MQTT device's user properties) are dropped first, then the value is cut, then, only under a
+bound too small for what is left, our own headers, the key and the source; the detail says what was dropped
+or cut. Without it (Kafka-sourced records, which already fit Kafka) the value is cut at DLQ_VALUE_LIMIT, with a
+note in the reason (tests/unit/common/test_dead_letter.py). The Spark jobs build the same headers as columns
+(iot_jobs.readings.dead_letters) from DLQ_HEADERS and reason_text. Standard library only."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,27 +1,18 @@
 """Settings of every program in one shape: a table of Options, read from flags, the environment and secrets.
 
-An Option names an attribute, its environment variable, its flag (by default
-`--` and the name with dashes), a parse function, a default and a help text.
-The services, the command-line tools and the Spark jobs all declare their
-settings as such tables:
+An Option names an attribute, its environment variable, its flag (by default `--` and the name with dashes),
+a parse function, a default and a help text. The services, the tools and the Spark jobs all declare such tables:
 
-  build_parser(options, prog=...)    argparse parser; each flag's help shows its
-                                     variable and default, secrets are listed below
+  build_parser(options, prog=...)    argparse parser; each flag's help shows its variable and default, secrets below
   parse_args(parser, options, argv)  flags, then the environment, then defaults
   resolve(options, args)             the same without the parser's error handling
   from_env(options)                  environment only (programs without flags)
 
-Precedence is flag > environment > default; an empty variable counts as unset.
-A value that does not parse raises SettingsError naming the variable or flag
-and what it should be (parse_args turns a bad flag into argparse's usage error,
-exit status 2, like any other bad flag).
-
-Secrets (`secret=True`) never travel in the environment or on a command line:
-Option("cassandra_password", secret=True) reads the file named by
-CASSANDRA_PASSWORD_FILE, else /run/secrets/cassandra_password.
-
-Standard library only: the Spark jobs use this module too.
-"""
+Precedence is flag > environment > default; an empty variable counts as unset. A value that does not parse
+raises SettingsError naming the variable or flag and what it should be (parse_args turns a bad flag into
+argparse's usage error, exit status 2). Secrets (`secret=True`) never travel in the environment or on a command
+line: Option("cassandra_password", secret=True) reads the file named by CASSANDRA_PASSWORD_FILE, else
+/run/secrets/cassandra_password (tests/unit/common/test_settings.py). Standard library only: the Spark jobs use it."""
 from __future__ import annotations
 
 import argparse

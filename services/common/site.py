@@ -1,22 +1,18 @@
 """Which site a record belongs to: one rule for the bridge, the adapter and the Spark jobs.
 
-Precedence (the first that is set and not empty wins):
+Precedence (the first that is set and not empty wins; tests/unit/common/test_site.py):
 
-  1. header   the `site` Kafka header. The bridge of the site where the device
-              connected writes it (a device cannot set it: the bridge drops a user
-              property of that name) and MirrorMaker carries it to the datacenter,
-              so it is the most trustworthy answer.
-  2. field    what the record itself says: a `site` field of the payload.
-              The bridge does not use this list: it records its own BRIDGE_SITE,
-              the site whose Mosquitto the device logged into, and dead-letters a
-              reading whose topic names another site (services/bridge/routing.py).
-  3. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored Kafka topic
-              ('site-a.temperature-data' -> 'site-a').
+  1. header   the `site` Kafka header, written by the bridge of the site where the device connected (a device
+              cannot set it: the bridge drops a user property of that name) and carried to the datacenter by
+              MirrorMaker, so it is the most trustworthy answer.
+  2. field    a `site` field of the payload. The bridge does not use this list: it records its own BRIDGE_SITE,
+              the site whose Mosquitto the device logged into, and dead-letters a reading whose topic names
+              another site (services/bridge/routing.py).
+  3. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored topic ('site-a.temperature-data' -> 'site-a').
   4. default  the service's setting (BRIDGE_SITE, ADAPTER_DEFAULT_SITE, SITE).
 
-The Spark jobs cannot call Python per row; iot_jobs.readings.site_column builds
-the same precedence as an F.coalesce. Standard library only.
-"""
+The Spark jobs cannot call Python per row; iot_jobs.readings.site_column builds the same precedence as an
+F.coalesce. Standard library only."""
 from __future__ import annotations
 
 

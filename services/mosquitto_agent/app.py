@@ -1,27 +1,18 @@
 """mosquitto-agent: Mosquitto's device table (the iot_gate plugin's) kept equal to `device-credentials`.
 
-One thread does everything, as in the bridge: the lean MQTT client (services.mqtt.session, driven from
-this loop: select, read, write, misc) and a confluent-kafka Consumer polled without blocking, so the
-table, the requests in flight and the answers never race.
+One thread does everything, as in the bridge: the lean MQTT client (services.mqtt.session) and a Kafka
+Consumer polled without blocking, so the table, the requests in flight and the answers never race.
 
-Kafka
-  The topic is read from its beginning with every partition assigned (no consumer group joins or
-  commits; librdkafka only wants a group id to exist). Each record sets or removes one device's line;
-  a record that does not parse counts as a removal (fail closed) and is logged as an error. Once every
-  partition has reached its end the table is complete: only then is a snapshot sent.
+- The topic is read from its beginning with every partition assigned (no consumer group joins or commits).
+  Each record sets or removes one device's line; one that does not parse counts as a removal (fail closed)
+  and is logged as an error.
+- Only once every partition has reached its end is the table complete and sent, whole, as a `snapshot` (again
+  on every reconnect); later records go as `upsert` and `remove`. A refused request (ok=false) is logged with
+  the plugin's text, and a full snapshot follows after a backoff.
+- Health (/healthz): MQTT connected, the last snapshot acknowledged, Kafka answered within 30 s.
 
-MQTT and the plugin
-  On every (re)connect the agent subscribes to `$SYS/#` and the plugin's response topic and, once the
-  table is complete, sends it whole as a `snapshot` in parts of at most MOSQUITTO_AGENT_SNAPSHOT_CHUNK
-  devices and 32 KiB (within the site's max_packet_size of 64 KiB). Records read after that go as
-  `upsert` and `remove`. Each request gets one answer, in order; an answer with ok=false is logged as
-  an error with the plugin's text, and a full snapshot follows after a backoff (5 s doubling to
-  5 min), as it does after any request Mosquitto refused. `stats` goes every MOSQUITTO_AGENT_STATS_INTERVAL_S. A fresh
-  client object serves each connection, so nothing of an old connection is resent on a new one (the
-  new snapshot supersedes it).
-
-Health (/healthz): MQTT connected, the last snapshot acknowledged, Kafka answered within 30 s.
-"""
+Tests: tests/unit/mosquitto_agent/, tests/integration/test_devices_and_agent.py. Part sizes, backoff and
+statistics: docs/architecture.md, "Inside mosquitto-agent"."""
 from __future__ import annotations
 
 import json

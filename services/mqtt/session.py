@@ -1,30 +1,18 @@
 """A lean MQTT v5 client for the bridge: just the packets it needs, driven by the bridge's own loop.
 
-Why not paho: paho builds a message object, a properties object and a message-info
-object per PUBLISH, reads one packet per call and sends one PUBACK per socket write;
-that per-message cost capped the bridge at ~5k msg/s on 2 cores. This client reads
-the socket in large chunks, parses every complete packet in the buffer with slicing
-(no per-byte loops), hands each PUBLISH to one callback as plain values, and sends
-all PUBACKs of a loop turn in one socket write.
-
-Supported (MQTT 5.0, OASIS standard), client side only:
-  CONNECT (clean start false, keep alive, user name/password, Session Expiry Interval,
-  Receive Maximum) and CONNACK (reason code, session present, properties: Receive
-  Maximum, Maximum Packet Size and Server Keep Alive are honoured);
-  SUBSCRIBE (subscription options) and SUBACK (reason codes);
-  incoming PUBLISH at QoS 0 and 1 (every property is parsed so unknown data is never
-  misread; user properties come as a list of (name, value)); PUBACK out, in order;
-  outgoing PUBLISH at QoS 1 and PUBACK in (resent with DUP after a reconnect, at most
-  the server's Receive Maximum in flight); PINGREQ/PINGRESP keep-alive with a dead
-  connection timeout; DISCONNECT out (normal: the session is kept) and in.
-Not supported: QoS 2, topic aliases (we advertise Topic Alias Maximum 0, so the broker
-must not use them), enhanced authentication (AUTH), wills, TLS (the bridge settings
-have no TLS options). A malformed packet or a protocol error from the broker closes
-the connection with an error log line; nothing of it is delivered or acked.
-
-Single-threaded and non-blocking: the owner calls `read`, `write` and `misc` from its
-loop (after `select` on `sock`); every callback runs inside those calls.
-"""
+Supported (MQTT 5.0, OASIS standard), client side only: CONNECT (clean start false, keep alive, user
+name/password, Session Expiry Interval, Receive Maximum) and CONNACK (reason code, session present; its
+Receive Maximum, Maximum Packet Size and Server Keep Alive are honoured); SUBSCRIBE (subscription options)
+and SUBACK (reason codes); incoming PUBLISH at QoS 0 and 1 (every property is parsed so unknown data is never
+misread; user properties come as a list of (name, value)) and PUBACK out, in order; outgoing PUBLISH at QoS 1
+and PUBACK in (resent with DUP after a reconnect, at most the server's Receive Maximum in flight);
+PINGREQ/PINGRESP keep-alive with a dead connection timeout; DISCONNECT out (normal: the session is kept) and in.
+Not supported: QoS 2, topic aliases (we advertise Topic Alias Maximum 0, so the broker must not use them),
+enhanced authentication (AUTH), wills, TLS (the bridge settings have no TLS options). A malformed packet or a
+protocol error from the broker closes the connection with an error log line; nothing of it is delivered or
+acked (tests/unit/mqtt/test_session.py). Single-threaded and non-blocking: the owner calls `read`, `write`
+and `misc` from its loop (after `select` on `sock`); every callback runs inside those calls. Why not paho,
+and how this client reads and acks: docs/architecture.md, "Inside the bridge"."""
 from __future__ import annotations
 
 import logging

@@ -8,10 +8,51 @@
   iot-devices --bootstrap ... list [--all]
   iot-devices --bootstrap ... --site site-a sync-inventory --salt-key-file F < devices.json
 
-Each device is one record keyed by its id (services/common/device_credentials.py); mosquitto-agent
-hands every change to Mosquitto's iot_gate plugin, which kicks a connected device whose login was
-removed, disabled or rotated. Device ids are 1 to 64 of letters, digits, '_', '.', '-', starting with a
-letter or digit, and never start with `bridge-` or `mosquitto-agent-`. The username of a device is its id.
+Each device is one record keyed by its id (services/common/device_credentials.py); mosquitto-agent hands
+every change to Mosquitto's iot_gate plugin, which kicks a connected device whose login was removed,
+disabled or rotated. Ids, what each command prints (add, import and rotate: each new credential once),
+hashing, sync-inventory, logins and exit codes: at the end of --help (EPILOG).
+Tests: tests/unit/tools/test_devices.py.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import hmac
+import io
+import json
+import logging
+import os
+import re
+import secrets
+import string
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from services.common import kafka_auth, names, settings
+from services.common.device_credentials import (
+    CERTIFICATE,
+    CLI,
+    INVENTORY,
+    PASSWORD,
+    Credential,
+    CredentialError,
+    device_id_error,
+    hash_error,
+    parse_credential,
+)
+
+PROG = "iot-devices"
+# The long help: ids, what is printed, hashing, sync-inventory, logins, exit codes (`--help` ends with it).
+EPILOG = """\
+Device ids are 1 to 64 of letters, digits, '_', '.', '-', starting with a letter or digit, and never start
+with `bridge-` or `mosquitto-agent-`. The username of a device is its id.
 
 add, import and rotate print each new credential once, one JSON line per device:
   {"device": ..., "username": ..., "password": ..., "site": ...}
@@ -51,41 +92,6 @@ certificate checked against --ca-file.
 stdout carries only JSON lines; warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka failed or
 the table does not allow it (an id that exists, an unknown id); 2 bad arguments or bad input.
 """
-from __future__ import annotations
-
-import argparse
-import base64
-import csv
-import hashlib
-import hmac
-import io
-import json
-import logging
-import os
-import re
-import secrets
-import string
-import sys
-import time
-import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-
-from services.common import kafka_auth, names, settings
-from services.common.device_credentials import (
-    CERTIFICATE,
-    CLI,
-    INVENTORY,
-    PASSWORD,
-    Credential,
-    CredentialError,
-    device_id_error,
-    hash_error,
-    parse_credential,
-)
-
-PROG = "iot-devices"
 PASSWORD_LENGTH = 32
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
 ITERATIONS = 1000            # PBKDF2 iterations of new hashes (the plugin reads whatever a hash says)
@@ -745,7 +751,7 @@ COMMANDS = {
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=settings.epilog(OPTIONS),
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=settings.epilog(OPTIONS, EPILOG),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     settings.add_options(p, OPTIONS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -5,12 +5,29 @@
       --acls '[{"principal": "User:relay", "resource": "topic", "name": "device-registration",
                 "pattern": "literal", "operation": "READ"}]'
 
+The stack role runs it after each deploy, on the site's overlay (INTERNAL) as a super user, passwords on stdin.
+The login, the inputs, what it changes and never touches, the output and the exit codes: at the end of --help
+(EPILOG). Tests: tests/unit/test_kafka_access.py, tests/integration/test_kafka_security.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+from services.common import kafka_auth, settings
+from services.tools import topics
+
+PROG = "iot-kafka-access"
+# The long help (`--help` ends with it).
+EPILOG = """\
 The site's brokers take SCRAM-SHA-512 logins on both listeners and run the ACL authorizer
 (images/kafka/bin/entrypoint). This tool runs on the site's overlay, on INTERNAL, as a super user:
 --login names the user (the site's admin principal, which the brokers create as they start) whose
 password is the one for it on stdin; that user is only logged in as, not managed. Without --login it
-connects without a login (a test cluster whose INTERNAL is plaintext). The stack role runs it after
-each deploy:
+connects without a login (a test cluster whose INTERNAL is plaintext).
 
 - stdin is a JSON object {user: password}. Passwords never go on a command line. A user without a
   SCRAM-SHA-512 credential gets one (8192 iterations, a random salt); an existing one is left alone,
@@ -27,18 +44,6 @@ exactly one JSON line, lists sorted, each ACL as "User:relay READ topic:device-r
 With --dry-run nothing changes and the lists say what would. Progress and errors go to stderr.
 Exit codes: 0 done; 1 Kafka did not answer in time or refused a change; 2 bad arguments or bad input.
 """
-from __future__ import annotations
-
-import argparse
-import json
-import sys
-import time
-from dataclasses import dataclass
-
-from services.common import kafka_auth, settings
-from services.tools import topics
-
-PROG = "iot-kafka-access"
 MECHANISM_ITERATIONS = 8192
 RESOURCES = ("topic", "group", "cluster", "transactional_id")
 PATTERNS = ("literal", "prefixed")
@@ -267,7 +272,8 @@ OPTIONS: tuple[settings.Option, ...] = (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("ensure", help="create missing SCRAM users (stdin) and make the listed principals' ACLs exact",
                        epilog=settings.epilog(OPTIONS), formatter_class=argparse.RawDescriptionHelpFormatter)

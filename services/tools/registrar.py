@@ -1,11 +1,9 @@
 """Register devices, sensors and sensor types into their compacted Kafka topics.
 
-Two sources:
-  file   a JSON or TOML file with lists `sensor_types`, `devices`, `sensors`
-         (fields as in services/common/contracts.py); every record is validated first,
-         and nothing is produced if any record is wrong.
+Two sources (a file's records are all validated first, and nothing is produced if any is wrong:
+tests/unit/tools/test_registrar_poison.py):
+  file   a JSON or TOML file with lists `sensor_types`, `devices`, `sensors` (fields as in services/common/contracts.py)
   fleet  the simulator's fleet for a site (same ids as iot-simulator).
-
 Keys are the ids, so the compacted topics keep the latest registration of each.
 
 Examples:

@@ -4,24 +4,11 @@
       --cassandra-hosts cassandra-1 --keyspace iot --tables temperature_readings,devices
   iot-site-data purge  (same flags)
 
-What belongs to a site at the datacenter:
-- Kafka: the topics MirrorMaker made for it, named "<site>.<topic>" (DefaultReplicationPolicy: the
-  relayed topics, "<site>.checkpoints.internal", "<site>.heartbeats"), and its flow's own state,
-  "mm2-{configs,offsets,status,offset-syncs}.<site>.internal".
-- Cassandra: the rows of --tables whose partition key holds site = <site>. Every table the adapter
-  writes has `site` in its partition key (services/adapter/schema.py), so a purge deletes whole
-  partitions: one DELETE per (site, ...) key, found with SELECT DISTINCT over the partition keys.
-
-`report` changes nothing; `purge` deletes the topics, then the partitions, and reports the same
-figures. Both refuse a site in --known-sites (the sites the inventory still relays): remove its group
-from the inventory and rerun site.yml on the datacenter first, or MirrorMaker would copy it again.
-
-Logins: --kafka-user and --cassandra-user (none: test clusters without logins); their passwords come
-as one JSON object on stdin, {"kafka": "...", "cassandra": "..."}, never on a command line.
-
-stdout is one JSON line:
-  {"site": ..., "purged": bool, "topics": [...], "partitions": {table: partitions of the site}}
-Progress and errors go to stderr. Exit codes: 0 done; 1 Kafka or Cassandra failed; 2 bad arguments.
+`report` changes nothing; `purge` deletes the site's topics, then its Cassandra partitions, and reports the
+same figures. Both refuse a site in --known-sites (the sites the inventory still relays). What belongs to a
+site, the logins, the output and the exit codes: at the end of --help (EPILOG). Tests:
+tests/unit/tools/test_site_data.py, tests/integration/test_site_data.py; the playbook: docs/operations.md,
+"Removing a site".
 """
 from __future__ import annotations
 
@@ -34,6 +21,26 @@ from collections.abc import Iterable
 from services.common import kafka_auth, settings
 
 PROG = "iot-site-data"
+# The long help (`--help` ends with it).
+EPILOG = """\
+What belongs to a site at the datacenter:
+- Kafka: the topics MirrorMaker made for it, named "<site>.<topic>" (DefaultReplicationPolicy: the
+  relayed topics, "<site>.checkpoints.internal", "<site>.heartbeats"), and its flow's own state,
+  "mm2-{configs,offsets,status,offset-syncs}.<site>.internal".
+- Cassandra: the rows of --tables whose partition key holds site = <site>. Every table the adapter
+  writes has `site` in its partition key (services/adapter/schema.py), so a purge deletes whole
+  partitions: one DELETE per (site, ...) key, found with SELECT DISTINCT over the partition keys.
+
+A site in --known-sites is refused: remove its group from the inventory and rerun site.yml on the
+datacenter first, or MirrorMaker would copy it again.
+
+Logins: --kafka-user and --cassandra-user (none: test clusters without logins); their passwords come
+as one JSON object on stdin, {"kafka": "...", "cassandra": "..."}, never on a command line.
+
+stdout is one JSON line:
+  {"site": ..., "purged": bool, "topics": [...], "partitions": {table: partitions of the site}}
+Progress and errors go to stderr. Exit codes: 0 done; 1 Kafka or Cassandra failed; 2 bad arguments.
+"""
 SITE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")     # a site alias (preflight checks the inventory's)
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")   # a CQL keyspace or table name
 # A flow's own topics at the datacenter: MM2's Connect state and, as offset-syncs.topic.location=target,
@@ -160,7 +167,8 @@ def run(args: argparse.Namespace, passwords: dict[str, str]) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("report", "list what the datacenter holds of the site; change nothing"),
                             ("purge", "delete the site's topics and Cassandra partitions at the datacenter")):

@@ -1,41 +1,16 @@
-"""Create a site's missing Kafka topics with one AdminClient call.
+"""Create a site's missing Kafka topics with one AdminClient call; plan and set the topics' replication.
 
   iot-topics ensure --bootstrap kafka-1:9092,kafka-2:9092 --replication 2 --min-insync 1 \\
       --retention-ms 604800000 \\
       --spec '[{"name": "temperature-data", "partitions": 6, "cleanup": "delete"},
                {"name": "device-registration", "partitions": 1, "cleanup": "compact"}]'
-
---spec is a JSON list of {name, partitions, cleanup (delete|compact), optional
-retention_ms}. The tool waits (up to --wait-seconds) until the cluster answers
-with at least --replication brokers, then creates every listed topic that does
-not exist yet in a single CreateTopics request: replication factor, cleanup.policy,
-min.insync.replicas and, for cleanup=delete only, retention.ms (a topic's own
-retention_ms wins over --retention-ms). Existing topics are never altered; one
-with fewer partitions or another cleanup.policy than the spec gets a warning on
-stderr. --dry-run creates nothing (ansible-playbook --check).
-
---internal also creates Kafka's own __consumer_offsets and __transaction_state when they are missing,
-with the same replication and min.insync.replicas, before a client makes a broker create them with
-the broker's defaults.
-
   iot-topics reassignment --bootstrap ... --brokers 1,2,3 --replication 3
-prints (stdout, one line) the kafka-reassign-partitions plan that gives every topic, Kafka's own
-included, at least --replication replicas spread evenly over --brokers (services/tools/replica_plan.py);
-{"version": 1, "partitions": []} when nothing has to move. It moves nothing itself: the topics
-role hands the plan to kafka-reassign-partitions, which confluent-kafka cannot replace.
-
   iot-topics min-insync --bootstrap ... --min-insync 2
-sets every topic's min.insync.replicas to --min-insync, but always below its replication factor
-(at least 1), and prints {"changed": [...], "unchanged": N}.
 
-On a site whose INTERNAL takes SCRAM logins, the tool logs in as KAFKA_USERNAME with the password
-in the file KAFKA_PASSWORD_FILE (the stack runs it as the site's admin principal, password on stdin:
-KAFKA_PASSWORD_FILE=/dev/stdin).
-
-stdout is exactly one JSON line, lists sorted:
-  {"existing": [...], "created": [...], "would_create": [...]}
-Progress, warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka did not
-answer in time or refused a topic; 2 bad arguments or a bad spec.
+`ensure` creates every listed topic that does not exist yet and never alters an existing one; `reassignment`
+prints a kafka-reassign-partitions plan and moves nothing itself; `min-insync` sets every topic's
+min.insync.replicas, always below its replication factor. Each command exactly, the login, the output and the
+exit codes: at the end of --help (EPILOG). Tests: tests/unit/tools/test_topics.py, test_replica_plan.py.
 """
 from __future__ import annotations
 
@@ -53,6 +28,34 @@ from services.common import kafka_auth, settings
 from services.tools.replica_plan import min_insync_for, plan_replicas
 
 PROG = "iot-topics"
+# The long help of every command (`--help` ends with it).
+EPILOG = """\
+ensure: --spec is a JSON list of {name, partitions, cleanup (delete|compact), optional retention_ms}. The
+tool waits (up to --wait-seconds) until the cluster answers with at least --replication brokers, then
+creates every listed topic that does not exist yet in a single CreateTopics request: replication factor,
+cleanup.policy, min.insync.replicas and, for cleanup=delete only, retention.ms (a topic's own retention_ms
+wins over --retention-ms). Existing topics are never altered; one with fewer partitions or another
+cleanup.policy than the spec gets a warning on stderr. --dry-run creates nothing (ansible-playbook --check).
+--internal also creates Kafka's own __consumer_offsets and __transaction_state when they are missing, with
+the same replication and min.insync.replicas, before a client makes a broker create them with the broker's
+defaults. stdout is exactly one JSON line, lists sorted:
+  {"existing": [...], "created": [...], "would_create": [...]}
+
+reassignment prints (stdout, one line) the kafka-reassign-partitions plan that gives every topic, Kafka's
+own included, at least --replication replicas spread evenly over --brokers (services/tools/replica_plan.py);
+{"version": 1, "partitions": []} when nothing has to move. It moves nothing itself: the topics role hands
+the plan to kafka-reassign-partitions, which confluent-kafka cannot replace.
+
+min-insync sets every topic's min.insync.replicas to --min-insync, but always below its replication factor
+(at least 1), and prints {"changed": [...], "unchanged": N}.
+
+On a site whose INTERNAL takes SCRAM logins, the tool logs in as KAFKA_USERNAME with the password in the
+file KAFKA_PASSWORD_FILE (the stack runs it as the site's admin principal, password on stdin:
+KAFKA_PASSWORD_FILE=/dev/stdin).
+
+Progress, warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka did not answer in time or refused
+a topic; 2 bad arguments or a bad spec.
+"""
 CLEANUP_POLICIES = ("delete", "compact")
 SPEC_FIELDS = ("name", "partitions", "cleanup", "retention_ms")
 # Kafka's own rule (org.apache.kafka.common.internals.Topic): 1-249 of these, not "." or "..".
@@ -542,7 +545,8 @@ COMMANDS = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     parsers = {}
     for name, (options, _, help_text) in COMMANDS.items():

@@ -1,24 +1,18 @@
 """Threshold detection: readings (+ sensor registrations) -> threshold events.
 
-One transformWithState (Row interface) sees two kinds of rows: the sensors' registrations
-(from the compacted `sensor-registration` topic, to learn each sensor type and so its limits)
-and their readings. Its key is not the sensor but one of BUCKETS buckets of sensors
-(sensor_bucket): every state read or write is a round trip between the JVM and the Python
-worker, and keyed by sensor a micro-batch made three or four of them per sensor (about a
-second per batch at 1,000 sensors, scripts/bench spark). A bucket's state is one list,
-read once and written once per micro-batch, with one entry per sensor (SENSOR_DDL):
+One transformWithState (Row interface) sees two kinds of rows: the sensors' registrations (from the compacted
+`sensor-registration` topic, to learn each sensor type and so its limits) and their readings. Its key is not
+the sensor but one of BUCKETS buckets of sensors (sensor_bucket). A bucket's state is one list, read once and
+written once per micro-batch, with one entry per sensor (SENSOR_DDL):
 - `sensor_type`: no TTL; bounded by the registry, cleared by a tombstone;
-- `seen_ms` and the hysteresis state: kept for STATE_TTL_SECONDS of processing time after
-  the sensor's last reading, so sensors that went away do not keep state. An open episode
-  of a sensor silent for longer than the TTL is dropped without a closing event. A bucket
-  drops its expired entries when it next has input.
-Within a micro-batch, registrations apply first, then readings in Kafka offset order.
-BUCKETS is fixed once a checkpoint exists (the state is keyed by it).
-
-In ProcessingTime mode Spark runs a micro-batch on every trigger even without
-input (to fire timers); the detector has no timers, so its session disables
-no-data micro-batches (SESSION_CONF).
-"""
+- `seen_ms` and the hysteresis state: kept for STATE_TTL_SECONDS of processing time after the sensor's last
+  reading, so sensors that went away do not keep state. An open episode of a sensor silent for longer than the
+  TTL is dropped without a closing event. A bucket drops its expired entries when it next has input.
+Within a micro-batch, registrations apply first, then readings in Kafka offset order. BUCKETS is fixed once a
+checkpoint exists (the state is keyed by it). SESSION_CONF turns off no-data micro-batches: in ProcessingTime
+mode Spark runs one on every trigger to fire timers, and the detector has none. Tests:
+tests/unit/spark/test_detector_buckets.py, test_spark_jobs.py. Why buckets, not sensors: spark/README.md
+("State"); the measured figures: docs/operations.md ("Benchmarks")."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

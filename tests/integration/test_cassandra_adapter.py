@@ -132,14 +132,14 @@ def test_adapter_writes_5000_readings_as_5000_rows_with_latency_fields(stack):
     assert row.temperature == sample["temperature"] and row.unit == "C"
     assert row.ingest_latency_ms == 3
     assert row.write_latency_ms >= 3 and row.write_time >= row.ingest_time >= row.event_time
-    # The latency query from the adapter's docstring: one CQL statement per sensor-day.
+    # The latency query of docs/architecture.md ("Inside the adapter"): one CQL statement per sensor-day.
     stats = session.execute(
         f"SELECT count(*), avg(write_latency_ms), max(write_latency_ms) FROM {KEYSPACE}.temperature_readings "
         "WHERE site = %s AND sensor_id = %s AND day = %s",
         (SITE, sample["sensor_id"], utc_day(sample["timestamp"]).date)).one()
     assert stats[0] == 250 and 0 < stats[1] <= stats[2]
     # Stored latency from the row itself: the coordinator stamped the write when it applied it, after the
-    # adapter bound it (write_time), so it is the longer one; the query is the docstring's.
+    # adapter bound it (write_time), so it is the longer one; the query is docs/architecture.md's.
     stored = session.execute(
         f"SELECT WRITETIME(temperature) / 1000 - toUnixTimestamp(event_time) AS stored_latency_ms, write_latency_ms "
         f"FROM {KEYSPACE}.temperature_readings WHERE site = %s AND sensor_id = %s AND day = %s",

@@ -88,7 +88,7 @@ def test_readings_published_at_qos1_give_exactly_that_many_rows_at_the_site(lab_
     count = wait_for(f"{READINGS_PER_SITE} rows in {site}'s Cassandra", counted)
     assert count == READINGS_PER_SITE
     # write_latency_ms: taken as the adapter binds the row; stored: the row's WRITETIME, the coordinator's
-    # clock as it applied the write (services/adapter/app.py docstring).
+    # clock as it applied the write (docs/architecture.md, "Inside the adapter").
     found = [r for r in rows(managers[site], site,
                              "SELECT write_latency_ms, WRITETIME(temperature) / 1000 - toUnixTimestamp(event_time) "
                              f"FROM iot.temperature_readings {where};")
