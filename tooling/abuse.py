@@ -1,21 +1,17 @@
 """One device's valid login against its own site: the abusive-device cases (issue 26, docs/security.md).
 
-Each case runs against the lab (`scripts/lab up`) from outside, at site-a. Honest devices, each with a
-login of its own (lab.probe_devices), publish readings at QoS 1 over TLS to site-a's 8883 while the
-abuser (lab.abuser_device, or a service's login where the case says so) tries one thing it must not be
-able to do. Then the case reads site-a's temperature-data from outside (the operator's login over 9094)
-and counts the honest devices' readings:
-
-- acknowledged: readings that got a PUBACK below 0x80, 0x10 ("no matching subscribers") included: an
-  MQTT v5 device may take it as delivered and a 3.1.1 device never hears of it (tooling.chaos variant
-  v5-ignore-codes), so the promise must hold for it;
-- stored: of those, the readings found in temperature-data;
-- lost: acknowledged and not stored. The promise: 0, whatever the abuser does.
-
-Each case also records what the abuser saw (Outcome.saw), the restarts of site-a's Mosquitto and bridge
-during the case, and whether a fresh reading still reaches temperature-data afterwards (ingesting_s).
-`violations(outcome)` lists what breaks the promise. tests/lab/test_2_abusive_device.py asserts each
-case; the fault suite runs the same functions (`scripts/lab chaos --case abuse-<name>`).
+Each case runs against the lab (`scripts/lab up`) from outside, at site-a. Honest devices, each with a login
+of its own (lab.probe_devices), publish readings at QoS 1 over TLS to site-a's 8883 while the abuser
+(lab.abuser_device, or a service's login where the case says so) tries one thing it must not be able to do.
+Then the case reads site-a's temperature-data from outside (the operator's login over 9094) and counts the
+honest devices' readings: acknowledged (a PUBACK below 0x80, 0x10 included, since an MQTT v5 device may take
+it as delivered and a 3.1.1 device never hears of it: tooling.chaos variant v5-ignore-codes), stored (of
+those, found in temperature-data) and lost (acknowledged and not stored). The promise: 0 lost, whatever the
+abuser does. Each case also records what the abuser saw (Outcome.saw), the restarts of site-a's Mosquitto
+and bridge during the case, and whether a fresh reading still reaches temperature-data afterwards
+(ingesting_s). `violations(outcome)` lists what breaks the promise. tests/lab/test_2_abusive_device.py
+asserts each case; the fault suite runs the same functions (`scripts/lab chaos --case abuse-<name>`). The
+cases and their figures: docs/faults.md, "One device against its site".
 """
 from __future__ import annotations
 

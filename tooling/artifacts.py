@@ -1,19 +1,16 @@
 """Artifact cache: resolve pinned jars and wheels once, fetch and verify them.
 
-`lock`  resolves images/versions.toml into images/artifacts.lock.json (exact files,
-        download URLs and sha256); Python wheels are chosen for the images' CPython and
-        manylinux x86_64, not for the Python that runs the lock. Needs Maven (`mvn`)
-        and pip on Linux x86_64; run it when a pin changes.
-`fetch` downloads every locked file into the cache (default $XDG_CACHE_HOME/iot-stack,
-        override with IOT_STACK_CACHE) and verifies its sha256. Files already present
-        and correct are not downloaded again, so a fresh clone reuses the cache.
-        Source-only Python packages (pyspark) are built into wheels once, here on the
-        host, so image builds never need PyPI.
-`constraints` prints a pip constraints file (name==version) of every locked Python
-        package; scripts/_venv.sh installs the development venv with it, so the venv
-        runs the versions the images run.
-`check-env` compares the running venv with the lock (`--sync` installs the locked
-        version of every shared package that differs).
+`lock`  resolves images/versions.toml into images/artifacts.lock.json (exact files, download URLs and
+        sha256); Python wheels are chosen for the images' CPython and manylinux x86_64, not for the Python
+        that runs the lock. Needs Maven (`mvn`) and pip on Linux x86_64; run it when a pin changes.
+`fetch` downloads every locked file into the cache (default $XDG_CACHE_HOME/iot-stack, override with
+        IOT_STACK_CACHE) and verifies its sha256. Files already present and correct are not downloaded
+        again, so a fresh clone reuses the cache. Source-only Python packages (pyspark) are built into
+        wheels once, here on the host, so image builds never need PyPI.
+`constraints` prints a pip constraints file (name==version) of every locked Python package;
+        scripts/_venv.sh installs the development venv with it, so the venv runs the versions the images run.
+`check-env` compares the running venv with the lock (`--sync` installs the locked version of every shared
+        package that differs).
 """
 from __future__ import annotations
 

@@ -1,32 +1,16 @@
 """Benchmark: the Cassandra adapter versus one synchronous INSERT per record (the thesis adapter).
 
-Starts one Kafka broker and one Cassandra node from the project's images (lab
-network and loopback only), produces the same readings for both, then drains
-them three times in the same run:
-
-  warm-up   the adapter into its own keyspace, untimed for the comparison: a
-            freshly started Cassandra runs interpreted bytecode for its first
-            tens of thousands of writes (measured: 11.6k rows/s on the first
-            pass, 25.5k on the next), and a production node is warm
-  adapter   services.adapter.app.Adapter (in this process): bounded
-            async writes, single-partition UNLOGGED batches, commits after write
-  baseline  poll one record, INSERT it with session.execute (blocking), next
-
-Prints rows/s of each, the ratio, and checks that each keyspace holds exactly
-the produced number of rows. Every phase is bounded in time; a baseline cut
-short by --phase-timeout still yields its rate (and says so). Figures are
-indicative: the machine is shared with other containers.
-
-With --paced RATE it measures latency instead: a producer process sends RATE
-readings/s for --seconds (each stamped with its send time) while the adapter
-writes them, then the baseline the same on a topic of its own. For each it
-prints device-to-stored latency, WRITETIME of the row (Cassandra's clock when it
-applied the write) - the reading's time, and the CPU this process used (the
-writer alone: the producer runs in another process). Each first writes 10 s of
-readings that are not counted, so Cassandra's JIT is warm.
-
     python -m tooling.bench_adapter [--records 200000] [--sensors 200]
     python -m tooling.bench_adapter --paced 1000 [--seconds 30]
+
+Starts one Kafka broker and one Cassandra node from the project's images (lab network and loopback only) and
+produces the same readings for both. Without --paced it drains them three times in the same run: a warm-up
+(the adapter into its own keyspace, untimed), the adapter (services.adapter.app.Adapter, in this process) and
+the baseline (poll one record, INSERT it with session.execute, next); it prints rows/s of each and the ratio,
+and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
+baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
+device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead. Method,
+figures and why the warm-up: docs/operations.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
 

@@ -3,25 +3,13 @@ and versus the same bridge on paho-mqtt (tooling.paho_bridge).
 
     python -m tooling.bench_bridge [--messages 100000] [--publishers 4] [--window 1000]
 
-One run, same brokers, same input. Every bridge gets a persistent session (its
-own shared-subscription group) before anything is published; then `--publishers`
-mosquitto_pub processes inside the Mosquitto container publish the messages at
-QoS 1, so Mosquitto queues the same N messages for every session. The contenders:
-naive (the bridge acking on receipt), late (the bridge as shipped: its own MQTT
-client, PUBACK after Kafka's ack) and paho (the same late-ack bridge with
-paho-mqtt 2.x as its client, manual acks). The bridge keeps its own client only
-while late is at least twice as fast as paho (docs/architecture.md). Each bridge is
-then started alone and timed until all N messages are in Kafka (late ack: and
-acked). Timing a queued backlog keeps the publisher out of the measurement
-entirely; its own rate is printed too. Afterwards the records of each bridge's
-topic are read back and counted (total and distinct), so "nothing lost" is checked
-rather than assumed.
-
-Everything stays on this machine: Mosquitto and Kafka run as containers of the
-project's images on a fresh lab network (removed at the end); the bridges run in
-this process and reach Mosquitto at its container address and Kafka through its
-127.0.0.1 port. Figures are indicative: a 2-core machine, shared with whatever
-else is running.
+One run, same brokers, same input: Mosquitto queues the same N messages for every bridge's persistent
+session, then each bridge is started alone and timed until all N are in Kafka (late ack: and acked); the
+records are read back and counted, total and distinct, so "nothing lost" is checked rather than assumed.
+Afterwards the same messages are published again over Mosquitto's TLS listener to price the devices' leg.
+Everything stays on this machine (containers on a fresh lab network; the bridges in this process). Figures
+are indicative: a 2-core machine, shared with whatever else is running. Method: docs/operations.md,
+"Benchmarks" ("The bridge"); figures and the paho rule: docs/architecture.md, step 2.
 """
 from __future__ import annotations
 

@@ -11,10 +11,8 @@ the iot_gate plugin), its mosquitto-agent and a Kafka with the device-credential
    password logs in (the old one is then checked refused).
 5. Mosquitto restarted with the whole table on its volume: time until a device logs in again (after the
    bridge's first SUBSCRIBE opens the gate, as the bridge does after every start).
-
-No restart of Mosquitto is needed for 1-4 and none happens: the figures include the agent's sync (Kafka ->
-the plugin over the control topic). Everything runs on this machine (containers on a fresh lab network,
-removed at the end); figures are indicative (2 cores, shared).
+No Mosquitto restart happens in 1-4: the figures include the agent's sync (Kafka -> the plugin). All on this
+machine (a fresh lab network, removed at the end); indicative figures (docs/operations.md, "Benchmarks").
 """
 from __future__ import annotations
 

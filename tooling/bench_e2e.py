@@ -2,30 +2,17 @@
 
     scripts/bench e2e [--rates 1000,5000,10000] [--seconds 60] [--sensors 1000] [--publishers 2]
 
-One edge site and the datacenter run as plain containers of the project's images with the settings the
-stack role renders (tooling.testbed.pipeline says what differs). Paced publishers (paho-mqtt, QoS 1, over
-TLS as devices, one process and login each) send readings at each rate for --seconds. Every sensor sends
---run hot readings (35 C), then --run cold ones (20 C), and so on: each hot run opens a threshold episode.
-A reading's `timestamp` is the wall-clock time it was published; every figure is measured against it
-(one machine, one clock):
+One edge site and the datacenter run as plain containers of the project's images with the settings the stack
+role renders (tooling.testbed.pipeline says what differs). Paced publishers (paho-mqtt, QoS 1, over TLS as
+devices) send readings at each rate for --seconds, each sensor alternating --run hot and --run cold readings.
+Every figure is measured against a reading's publish time:
 
-  a  device -> site Kafka                when a consumer of temperature-data receives it
-  b  device -> site Cassandra            WRITETIME of its row (the coordinator's clock when it applied the
-                                         write: the adapter uses server-side timestamps) - event time
-     b1 of which device -> bridge        its ingest_latency_ms: the bridge's receipt time - event time
-     b2 of which device -> adapter       its write_latency_ms: when the adapter bound the row - event time
-  b0 the same, thesis adapter            one synchronous INSERT per record (the thesis' adapter) into keyspace
-                                         `thesis`: right after each rate, the same rate again with the
-                                         site's adapter paused (docker pause), so each has Cassandra to itself
-  c  device -> datacenter Kafka          when a read_committed consumer of site-a.temperature-data receives it
-  d  device -> datacenter Cassandra      as (b), in the datacenter's Cassandra
-  e  hot reading -> event at the site    when a consumer receives the episode's opening threshold event
-  f  hot reading -> event, datacenter    WRITETIME of the opening event's row in the datacenter - event time
+  a  device -> site Kafka              b  device -> site Cassandra (b1: -> bridge, b2: -> adapter; b0: thesis adapter)
+  c  device -> datacenter Kafka        d  device -> datacenter Cassandra
+  e  hot reading -> event at the site  f  hot reading -> event in the datacenter's Cassandra
 
-Counts are checked, not assumed: readings acknowledged (PUBACK), received at each Kafka, rows in each
-table, events expected from the hot runs sent. Consumers run in this process, so (a), (c) and (e) include
-their own fetch and scheduling delay: upper bounds. Figures are indicative: everything shares a 2-core
-machine, and the publishers, consumers and the baseline compete with the pipeline for it.
+Counts are checked, not assumed. How each path is measured, what the counts hold, and the figures:
+docs/operations.md, "Benchmarks". Figures are indicative: everything shares one 2-core machine.
 """
 from __future__ import annotations
 

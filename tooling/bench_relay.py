@@ -2,24 +2,14 @@
 principal versus over plaintext, side by side in one run.
 
     python -m tooling.bench_relay [--records 200000] [--value-bytes 150]
-
-Two single-broker "sites" (one secured as the stacks secure a site: SCRAM-SHA-512 over TLS, the ACL
-authorizer, the relay's rendered ACLs; one plaintext) and one "datacenter" start from the project's
-kafka image. Each site gets the same backlog of --records records on one 3-partition topic before its
-MirrorMaker starts (exactly-once into the datacenter, as in mm2.properties.j2). The drain is timed from
-the first mirrored record's arrival to the last (MirrorMaker's start-up is not counted), and the
-records are counted at the datacenter (total and distinct), so nothing lost is checked, not assumed.
-The variants run one after the other on the same brokers and machine (--secure-first swaps the order,
-as the first drain also warms the datacenter's broker): a 2-core machine shared with whatever else
-runs, so figures are indicative; compare the ratio over both orders.
-
-With --paced RATE it measures the relay's latency instead: one plaintext site, MirrorMaker with
-exactly-once delivery as deployed, then MirrorMaker without it (the baseline: what the transactions
-cost), each while a producer sends RATE records/s for --seconds. A record's latency is when a
-read_committed consumer at the datacenter receives it minus its produce time (the record's timestamp);
-the first 10 s of each run are not counted.
-
     python -m tooling.bench_relay --paced 1000 [--seconds 30]
+
+Two single-broker "sites" (one secured as the stacks secure a site, one plaintext) and one "datacenter" start
+from the project's kafka image; each site's backlog is drained by MirrorMaker (exactly once) and counted at
+the datacenter, total and distinct, so nothing lost is checked, not assumed. --secure-first swaps the order.
+With --paced RATE it measures latency instead: MirrorMaker with exactly-once delivery, then without it.
+Figures are indicative (a 2-core machine shared with whatever else runs). Method and figures:
+docs/operations.md, "Benchmarks" ("The relay", and the end of the section).
 """
 from __future__ import annotations
 

@@ -3,17 +3,14 @@
     python -m tooling.bench_spark [--rates 1000,5000] [--seconds 60] [--sensors 100] [--warmup 15]
                                   [--conf KEY=VALUE] [--env NAME=VALUE]
 
-Kafka (one broker) and the threshold-detector job (spark image, local mode,
-`submit` role exactly as deployed) run as containers on a fresh lab network,
-removed at the end. This process produces readings to `temperature-data` at
-each rate for `--seconds`; every sensor alternates five hot and five cold
-readings, so one reading in five causes a threshold event. Each reading's
-`timestamp` is its produce time, and the event it causes carries that
-timestamp, so latency = Kafka timestamp of the output event (set when Spark's
-producer sends it) - reading time: input record time to output record time,
-through the whole micro-batch. Events of the first `--warmup` seconds of each
-rate are left out. Figures are indicative: a 2-core machine shared with
-whatever else runs.
+Kafka (one broker) and the threshold-detector job (spark image, local mode, `submit` role exactly as
+deployed) run as containers on a fresh lab network, removed at the end. This process produces readings to
+`temperature-data` at each rate for `--seconds`; every sensor alternates five hot and five cold readings, so
+one reading in five causes a threshold event. Each reading's `timestamp` is its produce time, and the event
+it causes carries that timestamp, so latency = Kafka timestamp of the output event (set when Spark's
+producer sends it) - reading time: input record time to output record time, through the whole micro-batch.
+Events of the first `--warmup` seconds of each rate are left out. Figures are indicative: a 2-core machine
+shared with whatever else runs (docs/operations.md, "Benchmarks").
 """
 from __future__ import annotations
 

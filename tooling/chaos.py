@@ -1,35 +1,16 @@
 """The fault suite: publish at a steady rate, inject one fault, count what was kept.
 
-Each case runs against the lab (`scripts/lab up`) from outside, like an operator:
-a real MQTT v5 client publishes readings at QoS 1 to site-a's Mosquitto (one
-steady sensor at `rate` readings/s, plus "hot" sensors that open and close a
-threshold episode every few seconds), one fault is injected while it publishes,
-and after the stack has settled the case counts:
+Each case runs against the lab (`scripts/lab up`) from outside, like an operator: a real MQTT v5 client
+publishes readings at QoS 1 to site-a's Mosquitto (one steady sensor at `rate` readings/s, plus "hot" sensors
+that open and close a threshold episode every few seconds), one fault is injected while it publishes, and
+after the stack has settled the case counts what was acknowledged, stored, lost and duplicated, how long the
+fault held data up (recovery) and, for the datacenter cut-off, how fast the relay's backlog drained. The
+Mosquitto cases also run with a device that ignores reason codes and with an MQTT 3.1.1 device (VARIANTS).
+The abusive-device cases (tooling/abuse.py, `--case abuse-<name>`) run beside them and print a table of their
+own.
 
-- acknowledged: readings the device took as delivered. The project's own device
-  (variant v5) takes only PUBACK 0: a PUBACK 0x10, "no matching subscribers",
-  tells an MQTT v5 device the reading went nowhere, and it resends it, as
-  docs/architecture.md asks of devices. The Mosquitto cases also run with a
-  device that does what the standard allows (v5-ignore-codes: any PUBACK below
-  0x80 is delivered, nothing resent) and with an MQTT 3.1.1 device (VARIANTS);
-- stored: those readings' rows in site-a's Cassandra, matched by event time;
-- lost: acknowledged and not stored (for datacenter cases: threshold events in
-  site-a's Cassandra that never reached the datacenter's);
-- duplicated: extra Kafka records of the same reading or event (at-least-once
-  shows up here; Cassandra rows are keyed by event time, so rows never double);
-- recovery: the longest device-to-storage latency of any reading or event
-  published after the fault, i.e. how long the fault held data up;
-- relay drain (the datacenter cut-off): rollups written to a relayed topic at
-  `rate` records/s while the datacenter is cut off, then the rate at which that
-  backlog reached the datacenter's Kafka once the cut was lifted, against the rate
-  it was written at (the target: five times or more), and any that never arrived.
-
-The abusive-device cases (tooling/abuse.py, `--case abuse-<name>`) run beside
-them: one device's valid login misused while honest devices publish, their
-acknowledged readings counted in Kafka; they print a table of their own.
-
-`scripts/lab chaos [--case NAME ...]` prints the tables; tests/lab/test_5_faults.py
-runs the same cases and asserts each one's bound.
+Every column, every case and its bound: docs/faults.md, "The fault suite". `scripts/lab chaos [--case NAME ...]`
+prints the tables; tests/lab/test_5_faults.py runs the same cases and asserts each one's bound.
 """
 from __future__ import annotations
 

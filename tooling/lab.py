@@ -1,32 +1,18 @@
-"""The local lab: a real multi-site deployment on one machine.
+"""The local lab: a real multi-site deployment on one machine (docs/operations.md, "The local lab").
 
-Each lab "host" is a container running sshd and its own dockerd (one Swarm node
-each). `up` creates them, writes an inventory, runs the same
-`ansible-playbook site.yml` an operator runs, registers the simulated fleet,
-starts simulated devices at every site and prints a status table.
+Each lab "host" is a container running sshd and its own dockerd (one Swarm node each). `up` creates them, writes
+an inventory, runs the same `ansible-playbook site.yml` an operator runs, registers the simulated fleet, starts
+simulated devices at every site and prints a status table. Its random secrets live until `down` (secret(name)).
 
-  scripts/lab up                 hosts, site.yml, devices, status
-  scripts/lab status             the status table again (ansible/status.yml against the lab)
-  scripts/lab add-site site-c    one more edge site: a host, an inventory group,
-                                 site.yml limited to the datacenter and the new site
-  scripts/lab add-broker site-b  one more node with a Kafka broker at a site: site.yml limited to the
-                                 datacenter and that site; replicas move onto it, no broker restarts
-  scripts/lab add-cassandra site-b
-                                 one more node with a Cassandra node at a site, the same way; it
-                                 bootstraps, raises the keyspaces' replicas and repairs, no node restarts
-  scripts/lab remove-site site-b [--purge]
-                                 the site out of the inventory, ansible/remove_site.yml on the
-                                 datacenter (relayed data kept, or purged), its hosts removed
-  scripts/lab playbook [ARGS]    rerun site.yml against the lab (ARGS go to ansible-playbook)
-  scripts/lab diagnose           services per site; tasks and logs of those not fully running
-  scripts/lab chaos [--case C]   the fault suite (tooling/chaos.py): publish, inject a fault, count
-                                 (scripts/lab runs `python -m tooling.fault_suite` for it)
-  scripts/lab down               remove everything the lab made
-
-Each lab has its own random secrets (Cassandra, MQTT users): `up` creates them
-once in the lab's directory (secrets.json, mode 0600) and every later command,
-the lab tests and the fault suite read them there (secret(name), LAB_SECRETS);
-`down` removes them with the lab.
+  scripts/lab up | down             hosts, site.yml, devices, status | remove everything the lab made
+  scripts/lab status                the status table again (ansible/status.yml against the lab)
+  scripts/lab add-site site-c       one more edge site: a host, an inventory group, site.yml on it and the datacenter
+  scripts/lab add-broker site-b     one more node with a Kafka broker at a site; replicas move onto it
+  scripts/lab add-cassandra site-b  one more node with a Cassandra node at a site; it bootstraps and repairs
+  scripts/lab remove-site site-b [--purge]   the site out of the inventory, ansible/remove_site.yml, hosts removed
+  scripts/lab playbook [ARGS]       rerun site.yml against the lab (ARGS go to ansible-playbook)
+  scripts/lab diagnose              services per site; tasks and logs of those not fully running
+  scripts/lab chaos [--case C]      the fault suite (tooling/chaos.py; run as `python -m tooling.fault_suite`)
 """
 from __future__ import annotations
 

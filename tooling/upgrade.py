@@ -2,14 +2,11 @@
 
 `run(hosts, site)` makes a new version of every project image (same tag, new id: the image plus one label,
 as a rebuild with changed inputs would give), reruns site.yml for the site (the images role ships them, and
-the stack role deploys in stages: deploy/rollout.py), then reads the Docker events of
-the site's hosts over the run. A node is down from the first kill, stop or die of its container until a
-container of the same service reports healthy (each stateful service has a healthcheck), so the figures
-include the time a node takes to serve again, not only its process restart.
-
-The events are streamed into a file per host while the upgrade runs: `docker events --since` answers
-from dockerd's last 256 events only, and on a host with many containers (healthcheck execs every few
-seconds) the upgrade's kills and starts were gone by its end (site-a-1 in CI, 2026-11-25).
+the stack role deploys in stages: deploy/rollout.py), then reads the Docker events of the site's hosts over
+the run, streamed into a file per host while the upgrade runs (why: docs/operations.md, "Upgrades"). A node
+is down from the first kill, stop or die of its container until a container of the same service reports
+healthy (each stateful service has a healthcheck), so the figures include the time a node takes to serve
+again, not only its process restart.
 
 tooling/chaos.py runs it as the `rolling-upgrade` case while a device publishes
 (tests/lab/test_6_upgrade.py asserts nothing acknowledged was lost and no two nodes of a kind were down at

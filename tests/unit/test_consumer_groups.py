@@ -1,21 +1,17 @@
 """No tool can move a Kafka consumer group that a datacenter service owns.
 
-MirrorMaker 2 keeps a group's name across clusters: with `sync.group.offsets.enabled`
-it writes a site group's translated offsets into the group of the same name at the
-datacenter whenever that group has no active member (Kafka 3.9
-MirrorCheckpointTask.syncGroupOffset). When both tiers' adapters shared the group
-`cassandra-adapter`, a restart of the datacenter's adapter let MirrorMaker move its
-offsets past records it had never written. So:
+MirrorMaker 2 keeps a group's name across clusters and, with `sync.group.offsets.enabled`, writes a site group's
+translated offsets into the same-named group at the datacenter whenever it has no active member (Kafka 3.9
+MirrorCheckpointTask.syncGroupOffset). What that did when both tiers shared `cassandra-adapter`: docs/architecture.md
+("Delivery guarantees", limits); the rules: docs/operations.md ("Consumer groups and MirrorMaker"). So:
 
-- every consumer group a stack sets is "<owner>-<service>" (services/common/names.py
-  CONSUMER_GROUPS), the owner being the site or datacenter whose Kafka it reads, and
-  the stack role spells the same names as names.py;
-- MirrorMaker's group filter, evaluated here with Kafka 3.9's DefaultGroupFilter rules,
-  replicates per flow only that site's own groups, never a datacenter-owned one, and
-  keeps MM2's default exclusions;
+- every consumer group a stack sets is "<owner>-<service>" (services/common/names.py CONSUMER_GROUPS), the
+  owner being the site or datacenter whose Kafka it reads, and the stack role spells the same names as names.py;
+- MirrorMaker's group filter, evaluated here with Kafka 3.9's DefaultGroupFilter rules, replicates per flow
+  only that site's own groups, never a datacenter-owned one, and keeps MM2's default exclusions;
 - the Spark jobs commit no group (their Kafka source keeps offsets in checkpoints);
-- every member of a service's group is static, one group.instance.id per Swarm task slot, so a
-  restarted replica gets its partitions back without waiting out session.timeout.ms.
+- every member of a service's group is static, one group.instance.id per Swarm task slot, so a restarted
+  replica gets its partitions back without waiting out session.timeout.ms.
 """
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
 """The YAML that deploys the stack names the same topics as services/common/names.py.
 
-YAML cannot import Python, so the Ansible role defaults and the example inventory
-spell topic names and MQTT topic templates again. Each topic they name is its own
-test case here, and a failure names the file and the variable:
+YAML cannot import Python, so the Ansible role defaults and the example inventory spell topic names and MQTT
+topic templates again. Each topic they name is its own test case here, and a failure names the file and the
+variable:
 
-- every topic named in YAML is a names.py topic; the datacenter adapter's regexes
-  match the relay's `<site>.<topic>` form of a names.py topic;
+- every topic named in YAML is a names.py topic; the datacenter adapter's regexes match the relay's
+  `<site>.<topic>` form of a names.py topic;
 - the topics role creates every topic each tier needs (EDGE_NEEDS, DATACENTER_NEEDS);
-- the bridge rules map names.MQTT_READINGS to names.TEMPERATURE_DATA, and devices'
-  MQTT ACL grants exactly the names.py MQTT templates;
-- the adapter reads topics that exist: created topics at the edge, relayed ones
-  at the datacenter.
+- the bridge rules map names.MQTT_READINGS to names.TEMPERATURE_DATA, and devices' MQTT ACL grants exactly
+  the names.py MQTT templates;
+- the adapter reads topics that exist: created topics at the edge, relayed ones at the datacenter.
 
-Effective values follow Ansible's precedence: the example inventory's group_vars
-over the role defaults (loaded as tests/unit/deploy/test_topology_and_stacks.py does).
+Effective values follow Ansible's precedence: the example inventory's group_vars over the role defaults
+(loaded as tests/unit/deploy/test_topology_and_stacks.py does).
 """
 from __future__ import annotations
 
