@@ -19,12 +19,12 @@ import re
 
 import pytest
 
+from deploy.topology import site_topology
 from services.adapter import settings as adapter_settings
 from services.bridge import settings as bridge_settings
 from services.common import names, settings
 from tooling.stack_render import (
     REPO,
-    filters,
     load_inventory,
     properties,
     render,
@@ -66,7 +66,7 @@ def _render(example, group: str) -> dict:
     hostvars, groups = example
     tier = "datacenter" if group == "datacenter" else "edge"
     alias = group.replace("_", "-")
-    return render(tier, filters.site_topology(hostvars, groups[group], alias, tier))
+    return render(tier, site_topology(hostvars, groups[group], alias, tier))
 
 
 def _groups_of(stack: dict) -> dict[str, str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from deploy.kafka_acls import relay_acls
 from services.adapter.mappings import Router, parse_mappings
 from tooling.stack_render import (
     REPO,
-    filters,
     load_inventory,
     properties,
     render_mm2,
@@ -45,7 +45,7 @@ def test_relaying_readings_stores_them_at_the_datacenter_in_the_readings_table(e
     assert router.route("temperature-data") is None            # only mirrored <site>.<topic> topics
     mm2 = properties(render_mm2(*example, stack_relay_topics=WITH_READINGS))
     assert "temperature-data" in [t.strip() for t in mm2["site-a->datacenter.topics"].split(",")]
-    acls = filters.relay_acls("relay", WITH_READINGS, ["site-a-cassandra-adapter"])
+    acls = relay_acls("relay", WITH_READINGS, ["site-a-cassandra-adapter"])
     assert {"principal": "User:relay", "resource": "topic", "name": "temperature-data", "pattern": "literal",
             "operation": "READ"} in [{k: a[k] for k in ("principal", "resource", "name", "pattern", "operation")}
                                      for a in acls]
