@@ -7,7 +7,7 @@ tested under tests/unit/deploy; ansible/filter_plugins/deploy_filters.py only re
 
 def filters() -> dict:
     """Every filter of the package by name: what ansible/filter_plugins/deploy_filters.py registers, and what
-    tooling/stack_render.py gives Jinja to render the roles' templates outside Ansible."""
+    tooling/testbed/stack_render.py gives Jinja to render the roles' templates outside Ansible."""
     from deploy import images, kafka_acls, passwords, preflight, rollout, status, swarm, topology
     return {name: function for module in (topology, images, passwords, kafka_acls, preflight, swarm, rollout, status)
             for name, function in module.FILTERS.items()}

@@ -14,7 +14,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import sys; assert sys.
   apt_install "the Python venv (3.11 or newer)" python3 python3-venv || return 1 2>/dev/null || exit 1
 fi
 # The constraints need only the standard library, so the host's python3 makes them.
-if ! constraints=$(cd "$here" && python3 -m tooling.artifacts constraints); then
+if ! constraints=$(cd "$here" && python3 -m tooling.build.artifacts constraints); then
   echo "[venv] cannot make pip constraints from images/artifacts.lock.json (see above)" >&2
   return 1
 fi
@@ -37,7 +37,7 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     fi
     # Packages installed earlier, e.g. the spark stack (`scripts/artifacts pip-install
     # spark`), go to their locked versions too; then every shared package is checked.
-    if ! (cd "$here" && "$venv/bin/python" -m tooling.artifacts check-env --sync); then
+    if ! (cd "$here" && "$venv/bin/python" -m tooling.build.artifacts check-env --sync); then
       return 1
     fi
     echo "$want" > "$stamp"

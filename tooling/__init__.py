@@ -1,1 +1,3 @@
-"""Developer and operator tooling: pinned versions, the artifact cache, image builds."""
+"""Developer tools, one package per audience: build/ (what site.yml's images role runs on the controller),
+lab/ (scripts/lab and the fault suite), bench/ (scripts/bench), testbed/ (what the tests start and render).
+The commands shipped in the images are elsewhere: services/commands."""

@@ -15,10 +15,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.adapter.schema import utc_day
-from tooling.stack_render import REPO, load_inventory, render_role_template, stack_defaults
 from tooling.testbed.cassandra_node import restart, start_cassandra
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
+from tooling.testbed.stack_render import REPO, load_inventory, render_role_template, stack_defaults
 
 TOPIC, DEAD_LETTER, PARTITIONS = "temperature-data", "dead-letter", 3
 KEYSPACE, GROUP, SITE = "itest", "itest-adapter", "site-it"

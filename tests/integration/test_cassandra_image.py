@@ -16,7 +16,7 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy
 
-from tooling import pins
+from tooling.build import pins
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 
 CASSANDRA_VERSION = pins.load().versions["cassandra"]

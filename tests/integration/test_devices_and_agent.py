@@ -75,7 +75,7 @@ def site(request, lab, tmp_path_factory):
 def iot_devices(site: dict, *args: str, stdin: str | None = None, check: bool = True) -> list[dict]:
     """iot-devices as an operator runs it; its JSON lines (stdout)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "DEVICES_"))}
-    result = subprocess.run([sys.executable, "-m", "services.tools.devices", "--bootstrap", site["bootstrap"],
+    result = subprocess.run([sys.executable, "-m", "services.commands.devices", "--bootstrap", site["bootstrap"],
                              "--site", SITE, *args], input=stdin, capture_output=True, text=True, cwd=REPO,
                             env={**env, "PYTHONPATH": str(REPO)}, timeout=300)
     if check:

@@ -21,8 +21,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tooling import stack_render
-from tooling.testbed import alert_rules
+from tooling.testbed import alert_rules, stack_render
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER
 

@@ -11,9 +11,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from deploy.kafka_acls import relay_acls, scram_jaas_config, service_acls
-from tooling.stack_render import REPO, load_inventory, render_role_template
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER, create_topics, ensure_access, start_kafka_cluster
+from tooling.testbed.stack_render import REPO, load_inventory, render_role_template
 
 TOPIC = "temperature-threshold-events"
 RECORDS = 200

@@ -15,8 +15,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from services.commands.devices import hash_password
 from services.common import names
-from services.tools.devices import hash_password
 from tooling.testbed.docker_lab import docker, wait_until
 from tooling.testbed.mosquitto import AGENT_USER, BRIDGE_USER, open_device_gate, start_site_mosquitto
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tooling import artifacts
+from tooling.build import artifacts
 from tooling.testbed.docker_lab import docker, image
 
 ENTRY_POINTS = ("iot-bridge", "iot-cassandra-adapter", "iot-simulator", "iot-registrar", "iot-topics")

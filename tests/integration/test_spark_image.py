@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from tooling import pins
+from tooling.build import pins
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 

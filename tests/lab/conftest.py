@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tooling import lab
+from tooling.lab import lab
 
 REPO = lab.pins.REPO_ROOT
 # testinfra's ansible backend calls ansible-inventory/ansible from PATH.
@@ -49,7 +49,7 @@ STEPS: list[tuple[str, float, int]] = []     # (scripts/lab command, seconds, ex
 
 def run_lab(*args: str, timeout: float = LAB_UP_TIMEOUT_S) -> subprocess.CompletedProcess:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "tooling.lab", *args], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "tooling.lab.lab", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=timeout)
     STEPS.append((f"scripts/lab {' '.join(args)}", time.monotonic() - started, result.returncode))
     sys.stderr.write(result.stderr[-20000:])

@@ -7,7 +7,7 @@ import socket
 import pytest
 import testinfra
 
-from tooling import lab
+from tooling.lab import lab
 
 HOSTS = {h.name: h for h in lab.DEFAULT_HOSTS}
 SITES = sorted({h.site for h in lab.DEFAULT_HOSTS})

@@ -1,7 +1,7 @@
 """One device cannot hurt its site: a device's valid login (or a leaked service login) tries what it must not
 while honest devices, each with a login of its own, publish readings at QoS 1 over TLS to site-a; every one of
 their acknowledged readings must reach temperature-data, the site must keep ingesting, Mosquitto and the
-bridge must keep running (tooling/abuse.py runs the cases and counts; docs/security.md states the claims).
+bridge must keep running (tooling/lab/abuse.py runs the cases and counts; docs/security.md states the claims).
 
 None is in the lab smoke: in a fresh CI lab the bridge-login case failed once, not yet understood (it passed in the
 working lab, issue 26's note). They run with the full lab tests (times measured after issue 26's fix): subscribe-
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tooling import abuse
+from tooling.lab import abuse
 
 OUTCOMES: dict[str, abuse.Outcome] = {}
 

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from tooling import lab, lab_status, pins
+from tooling.build import pins
+from tooling.lab import lab
+from tooling.lab import status as lab_status
 
 pytestmark = pytest.mark.smoke      # about two minutes on a running lab: part of the lab smoke
 

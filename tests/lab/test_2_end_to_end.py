@@ -13,7 +13,8 @@ import pytest
 from confluent_kafka import Consumer
 
 from services.common import names
-from tooling import images, lab, pins
+from tooling.build import images, pins
+from tooling.lab import lab
 
 pytestmark = pytest.mark.smoke     # scripts/test runs this module in its lab smoke
 

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, 
 from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth, names
-from tooling import lab
+from tooling.lab import lab
 from tooling.testbed.kafka_cluster import metadata_errors, probe_internal
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tooling import lab
+from tooling.lab import lab
 
 pytestmark = pytest.mark.smoke     # a minute or two on a running lab: part of the lab smoke
 
 USER = "operator"                  # stack_prometheus_user's default
 JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter", "spark"},
         "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter", "spark"}}
-SPARK_JOB = {"edge": "threshold-detector", "datacenter": "notifier"}      # the lab's (tooling/lab.py LAB_JOBS)
+SPARK_JOB = {"edge": "threshold-detector", "datacenter": "notifier"}      # the lab's (tooling/lab/lab.py LAB_JOBS)
 
 
 def _apps_nodes(hosts: list[lab.LabHost]) -> dict[str, lab.LabHost]:

@@ -14,7 +14,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from services.common import names
-from tooling import lab
+from tooling.lab import lab
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
 

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tooling import lab
+from tooling.lab import lab
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
 

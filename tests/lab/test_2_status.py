@@ -9,7 +9,7 @@ import re
 import pytest
 
 from deploy.status import status_table
-from tooling import lab_status
+from tooling.lab import status as lab_status
 
 pytestmark = pytest.mark.smoke     # about a minute on a running lab: part of the lab smoke
 

@@ -14,7 +14,7 @@ from cryptography import x509
 
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import publish, rows, wait_for
-from tooling import lab
+from tooling.lab import lab
 from tooling.testbed.kafka_cluster import metadata_errors
 
 SITE, BROKER_HOST, BROKER_ID = "site-a", "site-a-2", 2     # the broker on site-a's second node

@@ -9,7 +9,7 @@ import pytest
 
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
-from tooling import lab
+from tooling.lab import lab
 
 NEW_SITE = "site-c"
 

@@ -1,4 +1,4 @@
-"""The fault suite (tooling/chaos.py): one fault per case while a real MQTT client publishes; count what was kept.
+"""The fault suite (tooling/lab/chaos.py): one fault per case while a real MQTT client publishes; count what was kept.
 
 Runs on its own with `pytest tests/lab -k faults` (or `scripts/lab chaos`); not in
 the CI smoke. Every case asserts that nothing acknowledged was lost, except the
@@ -8,7 +8,7 @@ the same crash with an MQTT 3.1.1 device and with a v5 device that ignores reaso
 codes may lose only what was in flight at the instant of the kill. The datacenter
 cut-off also asserts that the relay lost none of the backlog written during the cut,
 and reports (does not assert) the rate it drained at against the rate it was written
-at. The abusive-device cases (tooling/abuse.py) assert that the honest devices lost
+at. The abusive-device cases (tooling/lab/abuse.py) assert that the honest devices lost
 nothing acknowledged and the site kept ingesting. The tables of every case are
 printed at the end.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tooling import abuse, chaos
+from tooling.lab import abuse, chaos
 
 OUTCOMES: list[chaos.Outcome] = []
 ABUSED: list[abuse.Outcome] = []

@@ -1,18 +1,18 @@
 """A rolling upgrade of a running site while a device publishes (docs/operations.md, Upgrades): every project image
 gets a new version and site.yml runs again for site-a (two brokers, one ZooKeeper, one Cassandra node). The stack
 role deploys the changed stack in stages (deploy/rollout.py). From the Docker events of
-site-a's hosts (tooling/upgrade.py): every stateful node restarted exactly once and no two nodes of a kind were
+site-a's hosts (tooling/lab/upgrade.py): every stateful node restarted exactly once and no two nodes of a kind were
 down at the same time; from the device's PUBACKs: nothing acknowledged was lost at the site, and no threshold
 event on the way to the datacenter."""
 from __future__ import annotations
 
 import pytest
 
-from tooling import chaos
+from tooling.lab import chaos
 
 # The upgrade reruns site.yml for site-a and rolls each stateful node behind its gates: about 22 min here,
 # which would take CI past its 45-minute target, so it is not in the smoke (`pytest tests/lab -k upgrade`).
-# The events are streamed while the upgrade runs (tooling/upgrade.py): read afterwards, dockerd's last 256
+# The events are streamed while the upgrade runs (tooling/lab/upgrade.py): read afterwards, dockerd's last 256
 # events had lost site-a-1's (CI, 2026-11-25).
 pytestmark = pytest.mark.timeout(3000)
 
@@ -35,7 +35,7 @@ def test_every_stateful_node_of_the_site_restarted_once(outcome, lab_hosts):
 
 
 def test_no_two_nodes_of_a_kind_were_down_at_once(outcome):
-    from tooling import upgrade
+    from tooling.lab import upgrade
     assert outcome.upgrade.downtimes, "no downtime read from the Docker events: " + outcome.upgrade.summary()
     assert upgrade.overlapping(outcome.upgrade.downtimes) == [], outcome.upgrade.summary()
     assert all(d.end < outcome.upgrade.finished for d in outcome.upgrade.downtimes), outcome.upgrade.summary()

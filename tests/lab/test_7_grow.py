@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
-from tooling import lab
+from tooling.lab import lab
 
 SITE = "site-a"
 BATCH = 100           # readings per batch; one batch every BATCH_EVERY_S while the broker joins

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import rows
-from tooling import lab
+from tooling.lab import lab
 
 SITE, OTHER = "site-b", "site-a"
 

@@ -16,7 +16,7 @@ import pytest
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import rows, wait_for
 from tests.lab.test_7_grow import BATCH, assert_counted, batch_day, publishing_while, running_tasks
-from tooling import lab
+from tooling.lab import lab
 
 SITE = "site-b"
 STATEFUL = ("zookeeper-1", "kafka-1", "mosquitto")     # and every Cassandra node already there

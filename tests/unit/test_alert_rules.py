@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tooling import pins
+from tooling.build import pins
 from tooling.testbed import alert_rules
 
 REPO = pins.REPO_ROOT

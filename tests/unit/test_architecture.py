@@ -9,9 +9,11 @@ the offending import.
   services.bridge   services.common, services.mqtt
   services.adapter  services.common
   services.mosquitto_agent  services.common, services.mqtt
-  services.tools    services.common
+  services.commands    services.common
   spark/            services.common (the Spark image installs no other services package)
   services/, tooling/  never `tests`
+  deploy/           services.common, never tooling (the playbooks' filters load it on the controller)
+  tooling/build/    no services package, no other tooling package (site.yml's images role runs it)
   tooling/          no import cycles between its modules
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Each tree and the directory its module names are relative to (spark jobs run with spark/ on sys.path).
-TREES = {"services": REPO, "tooling": REPO, "spark": REPO / "spark"}
+TREES = {"services": REPO, "tooling": REPO, "deploy": REPO, "spark": REPO / "spark"}
 
 
 @dataclass(frozen=True)
@@ -132,9 +134,13 @@ RULES = [
     _services_rule("bridge", "common", "mqtt"),
     _services_rule("adapter", "common"),
     _services_rule("mosquitto_agent", "common", "mqtt"),
-    _services_rule("tools", "common"),
+    _services_rule("commands", "common"),
     Rule("spark", ("spark",), frozenset({"services.common"})),
     Rule("services and tooling", ("services", "tooling"), None, forbidden=("tests",)),
+    # What the playbooks load on the controller: the filters (deploy/) and the image build (tooling/build/).
+    Rule("deploy", ("deploy",), frozenset({"services.common"}), forbidden=("tooling", "tests")),
+    Rule("tooling.build", ("tooling/build",), frozenset(),
+         forbidden=("tooling.lab", "tooling.bench", "tooling.testbed", "deploy", "tests")),
 ]
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, render, stack_defaults
+from tooling.testbed.stack_render import REPO, render, stack_defaults
 
 _LOADER = importlib.machinery.SourceFileLoader("cassandra_auth_setup",
                                                str(REPO / "images/cassandra/bin/cassandra-auth-setup"))

@@ -23,7 +23,7 @@ from deploy.topology import site_topology
 from services.adapter import settings as adapter_settings
 from services.bridge import settings as bridge_settings
 from services.common import names, settings
-from tooling.stack_render import (
+from tooling.testbed.stack_render import (
     REPO,
     load_inventory,
     properties,

@@ -4,7 +4,7 @@ services that run it, and `docker stack deploy` rolls them."""
 from __future__ import annotations
 
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, image_ids, load_inventory, render
+from tooling.testbed.stack_render import REPO, image_ids, load_inventory, render
 
 LABEL = "org.iot-stack.image-id"
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from deploy.topology import pki_servers, site_topology
-from tooling.stack_render import REPO, load_inventory, render, render_role_template, stack_defaults
 from tooling.testbed import alert_rules
+from tooling.testbed.stack_render import REPO, load_inventory, render, render_role_template, stack_defaults
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
 SALT_KEY = "s" * 43

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tooling import lab
+from tooling.lab import lab
 
 REPO = Path(__file__).resolve().parents[2]
 OVERHEAD_BYTES = 360          # per queued message besides its payload (measured, see above)

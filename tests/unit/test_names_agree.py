@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from services.common import names
-from tooling.stack_render import REPO, load_inventory
+from tooling.testbed.stack_render import REPO, load_inventory
 
 TOPICS = {value: key for key, value in vars(names).items()
           if key.isupper() and isinstance(value, str) and not key.startswith(("HEADER_", "MQTT_"))}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, load_inventory, render, stack_settings
 from tooling.testbed.mosquitto import site_config
+from tooling.testbed.stack_render import REPO, load_inventory, render, stack_settings
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
 

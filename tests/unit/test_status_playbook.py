@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tooling import lab_status
+from tooling.lab import status as lab_status
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

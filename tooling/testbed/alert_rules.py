@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tooling import pins
+from tooling.build import pins
 
 RULES_DIR = pins.REPO_ROOT / "monitoring" / "rules"
 

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tooling import images, pins
+from tooling.build import images, pins
 
 _PINS = pins.load()
 

@@ -13,7 +13,7 @@ from ansible.plugins.filter.core import FilterModule as CoreFilters
 from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from services.tools.devices import hash_password
+from services.commands.devices import hash_password
 from tooling.testbed.docker_lab import Lab, free_port, wait_until
 from tooling.testbed.kafka_cluster import make_pki
 

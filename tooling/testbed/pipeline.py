@@ -1,5 +1,5 @@
 """One edge site and the datacenter as plain containers of the project's images, set up from the stack files
-the stack role renders, for benchmarks of the whole data path (tooling.bench_e2e).
+the stack role renders, for benchmarks of the whole data path (tooling.bench.e2e).
 
 Each service runs with the command and environment the rendered stack gives it (inventory.example's site_a
 and datacenter, readings relayed), single nodes, on one network:
@@ -25,8 +25,8 @@ import yaml
 
 from deploy.topology import site_topology
 from services.common import names
-from tooling import stack_render
-from tooling.progress import log
+from tooling.build.progress import log
+from tooling.testbed import stack_render
 from tooling.testbed.cassandra_node import CassandraNode, start_cassandra
 from tooling.testbed.docker_lab import Lab, wait_until
 from tooling.testbed.kafka_cluster import KafkaCluster, create_topics, start_kafka_cluster
@@ -195,8 +195,8 @@ def register_sensors(pipeline: Pipeline, sensors: dict[str, list[str]]) -> None:
     to read them (it polls the topic about every 10 ms)."""
     import time
 
+    from services.commands import fleet, registrar
     from services.common import contracts
-    from services.tools import fleet, registrar
     type_id = fleet.sensor_type_id("C")
     records = {names.SENSOR_REGISTRATION: [contracts.SENSOR.validate({
         "sensor_id": sensor, "name": f"Bench sensor {sensor}", "device_id": device, "sensor_type_id": type_id})

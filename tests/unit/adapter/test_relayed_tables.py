@@ -8,7 +8,7 @@ import pytest
 
 from deploy.kafka_acls import relay_acls
 from services.adapter.mappings import Router, parse_mappings
-from tooling.stack_render import (
+from tooling.testbed.stack_render import (
     REPO,
     load_inventory,
     properties,

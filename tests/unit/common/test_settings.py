@@ -7,9 +7,9 @@ import pytest
 
 from services.adapter import settings as adapter_settings
 from services.bridge import settings as bridge_settings
+from services.commands import registrar, simulator, topics
 from services.common import settings
 from services.common.settings import Option, SettingsError
-from services.tools import registrar, simulator, topics
 
 OPTIONS = (
     Option("host", "DEMO_HOST", "localhost", "broker host"),

@@ -3,7 +3,7 @@
 Preflight (ansible/roles/preflight/tasks/variables.yml) asks the filter plugin's
 secret_refusals about every secret variable; each refusal names the variable (and
 the MQTT user), says why and how to create a vaulted value. The lab generates
-random secrets once per lab (tooling/lab.py). The notifier's webhook URL, which
+random secrets once per lab (tooling/lab/lab.py). The notifier's webhook URL, which
 carries a bot token, reaches it as the Swarm secret notifier_webhook_url.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 
 from deploy.preflight import PLAIN_ENV_SECRET_RE, mqtt_device_refusals, secret_refusals, weak_secret
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, load_inventory, render, stack_vars
+from tooling.testbed.stack_render import REPO, load_inventory, render, stack_vars
 
 GOOD = "Zx9kQ2rLq0vR7sT1mN4pW8yB"      # what `openssl rand -base64 24` gives: 32 characters, here 24
 USERS = {"stack_cassandra_password": "cassandra", "stack_cassandra_adapter_password": "iot_adapter"}
@@ -198,7 +198,7 @@ def test_no_rendered_service_gets_a_secret_in_its_environment():
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     monkeypatch.setenv("IOT_STACK_CACHE", str(tmp_path))
-    from tooling import lab
+    from tooling.lab import lab
     monkeypatch.setattr(lab, "log", lambda *_: None)
     return lab
 

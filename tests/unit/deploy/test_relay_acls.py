@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from deploy.kafka_acls import relay_acls, scram_jaas_config
-from tooling.stack_render import REPO, load_inventory, properties, render_mm2
+from tooling.testbed.stack_render import REPO, load_inventory, properties, render_mm2
 
 
 def test_relay_may_read_and_describe_relayed_topics_and_describe_its_group_only():

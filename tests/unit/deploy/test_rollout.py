@@ -8,7 +8,7 @@ import yaml
 
 from deploy.rollout import rollout_stages, zookeeper_leader, zookeeper_quorum
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, image_ids, load_inventory, render
+from tooling.testbed.stack_render import REPO, image_ids, load_inventory, render
 
 LABEL = "org.iot-stack.image-id"
 STATEFUL = ["zookeeper-1", "zookeeper-2", "zookeeper-3", "kafka-1", "kafka-2", "kafka-3",

@@ -7,7 +7,7 @@ import yaml
 from deploy.kafka_acls import service_acls
 from deploy.preflight import spark_job_refusals
 from deploy.topology import site_topology
-from tooling.stack_render import REPO, load_inventory, render_role_template, stack_defaults
+from tooling.testbed.stack_render import REPO, load_inventory, render_role_template, stack_defaults
 
 EDGE_ALIASES = ["site-a", "site-b"]
 
@@ -78,14 +78,14 @@ def test_relaying_readings_lets_the_datacenter_adapter_read_them():
 def test_every_acl_is_one_iot_kafka_access_accepts():
     import json
 
-    from services.tools import kafka_access
+    from services.commands import kafka_access
     for group, tier, sites in (("site_a", "edge", None), ("datacenter", "datacenter", EDGE_ALIASES)):
         acls = service_acls(_services(group, tier), sites)
         assert len(kafka_access.parse_acls(json.dumps(acls))) == len(acls) > 0
 
 
 def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
-    from tooling.stack_render import render
+    from tooling.testbed.stack_render import render
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
         services = render(tier, site_topology(hostvars, groups[group], alias, tier))["services"]
@@ -109,7 +109,7 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
 
 
 def test_preflight_refuses_a_spark_job_without_its_topics_or_with_a_services_name():
-    from tooling import lab
+    from tooling.lab import lab
     assert spark_job_refusals(stack_defaults()["stack_spark"]["jobs"]) == []
     assert spark_job_refusals(lab.LAB_JOBS) == []
     refusals = spark_job_refusals({"edge": [{"name": "bridge", "reads": ["a"], "writes": ["b"]},

@@ -1,6 +1,6 @@
 """The status table's figures from what Kafka's and Cassandra's tools print (deploy/status.py,
 status_table and its parsers), the role's names against the rest of the project, and reading the PLAY RECAP
-from ansible-playbook's output (tooling/lab_status.py)."""
+from ansible-playbook's output (tooling/lab/status.py)."""
 from __future__ import annotations
 
 import json
@@ -18,8 +18,8 @@ from deploy.status import (
 )
 from deploy.swarm import services_converged
 from services.common import names
-from tooling import lab_status
-from tooling.stack_render import REPO
+from tooling.lab import status as lab_status
+from tooling.testbed.stack_render import REPO
 
 TOPICS = {"readings": names.TEMPERATURE_DATA, "events": names.THRESHOLD_EVENTS,
           "readings_table": "temperature_readings", "events_table": "temperature_threshold_events"}

@@ -8,7 +8,7 @@ from deploy.images import node_images, site_images
 from deploy.passwords import mqtt_device_hashes, mqtt_service_accounts, registry_htpasswd
 from deploy.swarm import replication_short, rolled_back, unconverged, updating
 from deploy.topology import edge_sites, node_labels, site_topology
-from tooling.stack_render import REPO, group_vars, load_inventory, render, stack_settings
+from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, stack_settings
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -205,7 +205,7 @@ def test_replication_short_skips_a_keyspace_not_created_yet():
 
 
 def test_local_spark_mode_runs_jobs_without_master_or_worker():
-    from tooling.stack_render import stack_settings
+    from tooling.testbed.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local"}
     services = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
@@ -225,8 +225,8 @@ def test_rolled_back_lists_services_left_on_their_previous_spec():
 
 
 def test_lab_jobs_render_with_their_env_and_spark_conf():
-    from tooling import lab
-    from tooling.stack_render import stack_settings
+    from tooling.lab import lab
+    from tooling.testbed.stack_render import stack_settings
     settings = stack_settings()
     settings["spark"] = {**settings["spark"], "mode": "local", "jobs": lab.LAB_JOBS}
     edge = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]

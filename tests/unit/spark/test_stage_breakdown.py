@@ -5,7 +5,7 @@ import datetime
 
 from iot_jobs import runtime
 
-from tooling import bench_spark
+from tooling.bench import spark as bench_spark
 
 PROGRESS = {"batchId": 7, "numInputRows": 900,
             "durationMs": {"latestOffset": 3, "queryPlanning": 40, "walCommit": 20, "getBatch": 0,
