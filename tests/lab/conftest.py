@@ -80,6 +80,9 @@ def print_diagnosis(why: str) -> None:
         report = lab.diagnose(hosts)
     except Exception as err:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
         report = f"(diagnosis failed: {err})"
+    ansible_log = lab.lab_dir() / "ansible.log"     # where a playbook that ran out of time stood
+    if ansible_log.exists():
+        report += "\nlast lines of " + str(ansible_log) + ":\n" + "\n".join(ansible_log.read_text().splitlines()[-25:])
     DIAGNOSES.append(f"{why}; the lab's services:\n{report}")
     print(f"\n[lab] {DIAGNOSES[-1]}", file=sys.stderr, flush=True)    # in the failing test's captured output
 

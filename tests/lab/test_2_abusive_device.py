@@ -3,8 +3,8 @@ while honest devices, each with a login of its own, publish readings at QoS 1 ov
 their acknowledged readings must reach temperature-data, the site must keep ingesting, Mosquitto and the
 bridge must keep running (tooling/lab/abuse.py runs the cases and counts; docs/security.md states the claims).
 
-None is in the lab smoke: in a fresh CI lab the bridge-login case failed once, not yet understood (it passed in the
-working lab, issue 26's note). They run with the full lab tests (times measured after issue 26's fix): subscribe-
+None is in the lab smoke (CI time; their one CI failure was the first smoke test's timeout running out during
+`scripts/lab up`, which conftest.py now budgets). They run with the full lab tests (times after issue 26): subscribe-
 thief and session-takeover (40 s of abuse, about 1.5 minutes each), the poisoned reading (60 s of honest readings
 after it, about 2.5 minutes), the retained flood (about 6 minutes) and the flood (60 s beside ten devices at 100
 readings/s, about 2.5 minutes; the honest devices' slowest reading is printed, not bounded).
