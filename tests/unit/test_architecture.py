@@ -11,9 +11,7 @@ the offending import.
   services.mosquitto_agent  services.common, services.mqtt
   services.commands    services.common
   spark/            services.common (the Spark image installs no other services package)
-  services/, tooling/  never `tests`
-  deploy/           services.common, never tooling (the playbooks' filters load it on the controller)
-  tooling/build/    no services package, no other tooling package (site.yml's images role runs it)
+  services/, tooling/  never `tests`; deploy/ and tooling/build/: see RULES
   tooling/          no import cycles between its modules
 """
 from __future__ import annotations
