@@ -3,7 +3,8 @@
 Per-host variables (all optional except swarm_role): swarm_role (manager | worker); zookeeper_id, kafka_id,
 cassandra_id (1..n, unique in the site: the node runs <role>-<id>); apps_node (the stateless services; one
 host per site); mqtt_node (Mosquitto; one host per edge site); ansible_host (the address others use).
-docs/inventory.md explains each; a bad value raises DeployError naming the host, the variable and the fix.
+docs/operations.md ("Inventory", host variables) explains each; a bad value raises DeployError naming the host,
+the variable and the fix.
 """
 from __future__ import annotations
 
