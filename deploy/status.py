@@ -1,7 +1,7 @@
 """The status playbook's figures (ansible/status.yml): each site's probe output -> one row per site.
 
 The probes print what Kafka's and Cassandra's own tools say, on each site's manager; this module turns it
-into figures on the controller. tooling/lab/status.py uses the relay-lag functions from here too.
+into figures on the controller: status_report (what -e status_json_file writes) and status_table (what it prints).
 """
 from __future__ import annotations
 
