@@ -469,7 +469,7 @@ stack_spark:
   jobs: {json.dumps(LAB_JOBS)}
 stack_relay_refresh_topics_seconds: 15
 stack_relay_refresh_groups_seconds: 15
-# Mosquitto's 128M: queue bounds that fit it (tests/unit/test_mosquitto_limits.py).
+# Mosquitto's 128M: queue bounds that fit it (tests/unit/roles/test_mosquitto_limits.py).
 stack_mqtt_max_queued_messages: 150000
 stack_mqtt_max_queued_bytes: 33554432
 health_converge_timeout: 1500

@@ -17,7 +17,7 @@ import pytest
 
 from tooling.lab import status as lab_status
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 OPERATOR_PASSWORD = "status-test-operator-Zq81"
 CASSANDRA_PASSWORD = "status-test-superuser-Kx42"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 
 NOWHERE = "ansible_host=127.0.0.1 ansible_port=9 ansible_user=nobody"

@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
             "mqtt_address": "10.20.0.11", "apps_address": "10.20.0.13"}

@@ -16,7 +16,7 @@ import yaml
 
 from tooling.lab import lab
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OVERHEAD_BYTES = 360          # per queued message besides its payload (measured, see above)
 BUDGET = 0.75                 # of the memory limit; the rest is Mosquitto itself and its sessions
 

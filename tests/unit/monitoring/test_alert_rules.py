@@ -16,7 +16,7 @@ from tooling.build import pins
 from tooling.testbed import alert_rules
 
 REPO = pins.REPO_ROOT
-RULE_TESTS = Path(__file__).parent / "monitoring" / "alerts.test.yml"
+RULE_TESTS = Path(__file__).parent / "alerts.test.yml"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
