@@ -1,6 +1,6 @@
 """No default secrets: preflight refuses weak ones, the lab makes its own, the webhook URL is a Swarm secret.
 
-Preflight (ansible/roles/preflight/tasks/variables.yml) asks the filter plugin's
+Preflight (ansible/roles/preflight/tasks/variables.yml) asks deploy/preflight.py's
 secret_refusals about every secret variable; each refusal names the variable (and
 the MQTT user), says why and how to create a vaulted value. The lab generates
 random secrets once per lab (tooling/lab/lab.py). The notifier's webhook URL, which

@@ -1,4 +1,4 @@
-"""The relay principal's ACLs and MirrorMaker's login line, as the filter plugin renders them from the
+"""The relay principal's ACLs and MirrorMaker's login line, as deploy/kafka_acls.py renders them from the
 inventory (deploy/kafka_acls.py: relay_acls, scram_jaas_config)."""
 from __future__ import annotations
 
