@@ -23,7 +23,6 @@ from confluent_kafka import Consumer, Producer
 
 from deploy.kafka_acls import relay_acls, scram_jaas_config  # the relay's ACLs and login, as the stack role's
 from tooling.build.progress import log
-
 from tooling.testbed.docker_lab import Lab, docker, free_port, image
 from tooling.testbed.kafka_cluster import (
     MM2_SINGLE_BROKER,
