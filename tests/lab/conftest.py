@@ -4,10 +4,10 @@ The session brings the lab up once (reusing a running lab when IOT_LAB_REUSE=1)
 and takes it down at the end unless IOT_LAB_KEEP=1, also when bringing it up or
 a test failed. Modules run in name order: hosts, end to end, idempotence, add-site.
 
-`-m smoke` picks the lab smoke that `scripts/test` runs by default: readings
-counted at every site, a hot sensor's events at the datacenter, a second
-site.yml run without changes. When a lab test fails, every site's services are
-printed with the tasks and last log lines of those not fully running.
+`-m "smoke and not slow"` picks the lab smoke that `scripts/test` runs by default: readings
+counted at every site, a hot sensor's events at the datacenter, the access checks;
+`-m smoke` adds the slow cases (a second site.yml run without changes among them). When a lab
+test fails, every site's services are printed with the tasks and last log lines of those not fully running.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ LAB_UP_TIMEOUT_S = 3600     # scripts/lab up, run in the first lab test's setup 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the lab smoke that scripts/test runs by default")
+    config.addinivalue_line("markers", "slow: a smoke module's case that waits minutes; scripts/test leaves it out")
 
 
 @pytest.hookimpl(trylast=True)        # after -m and -k have deselected
@@ -94,7 +95,8 @@ def lab_hosts():
     if not reuse:
         run_lab("down")
         try:
-            run_lab("up", "--no-build")  # scripts/test built everything already
+            # scripts/test built everything already; tests/lab/test_2_status.py checks the status table
+            run_lab("up", "--no-build", "--no-status")
         except BaseException:
             print_diagnosis("scripts/lab up failed")
             if not keep:

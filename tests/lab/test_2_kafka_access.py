@@ -92,6 +92,7 @@ def test_the_relay_cannot_see_or_read_a_topic_that_is_not_relayed(bootstrap):
         consumer.close()
 
 
+@pytest.mark.slow      # waits for MirrorMaker's checkpoints (up to 5 minutes): outside the smoke
 def test_mirrormaker_syncs_the_sites_adapter_offsets_to_the_datacenter_through_the_relays_acls(lab_hosts):
     """The relay may only DESCRIBE <site>-cassandra-adapter at the site; with that, MirrorMaker's
     checkpoint connector lists the group's offsets and writes them, translated, into the same-named

@@ -638,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     up_p = sub.add_parser("up", help="create the lab, deploy with site.yml, start devices, print status")
     up_p.add_argument("--rate", type=float, default=20.0, help="readings/s per site from the simulated devices")
     up_p.add_argument("--no-build", action="store_true", help="skip engine/artifact/image preparation")
+    up_p.add_argument("--no-status", action="store_true",
+                      help="skip the status table at the end (the status playbook takes minutes on a loaded machine)")
     add_p = sub.add_parser("add-site", help="add an edge site and deploy it (plus the datacenter's relay)")
     add_p.add_argument("site", help="site alias, e.g. site-c")
     add_p.add_argument("--rate", type=float, default=20.0)
@@ -674,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts))
         register_and_start_devices(hosts, args.rate)
         log("lab", f"lab up in {time.monotonic() - started:.0f}s")
-        print_status(hosts, check=False)
+        if not args.no_status:
+            print_status(hosts, check=False)
         return 0
     hosts = existing_hosts()
     if not hosts:
