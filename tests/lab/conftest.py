@@ -5,9 +5,9 @@ and takes it down at the end unless IOT_LAB_KEEP=1, also when bringing it up or
 a test failed. Modules run in name order: hosts, end to end, idempotence, add-site.
 
 `-m "smoke and not slow"` picks the lab smoke that `scripts/test` runs by default: readings
-counted at every site, a hot sensor's events at the datacenter, the access checks;
-`-m smoke` adds the slow cases (a second site.yml run without changes among them). When a lab
-test fails, every site's services are printed with the tasks and last log lines of those not fully running.
+counted at every site, a hot sensor's events at the datacenter, the access checks, a second
+site.yml run without changes; `-m smoke` adds the slow cases. When a lab test fails, every site's
+services are printed with the tasks and last log lines of those not fully running.
 """
 from __future__ import annotations
 
