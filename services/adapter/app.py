@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from services.adapter import metrics
+from services.adapter.assignment import UnreadWatch
 from services.adapter.cassandra import Stop, connect_cassandra, missing_column_statements, schema_statements
 from services.adapter.mappings import Mapping, MappingError, Router, load_mappings
 from services.adapter.metrics import exposition
@@ -151,6 +153,7 @@ class Adapter:
         self.dead_lettered = 0
         self.heartbeat = 0.0
         self._retries_seen = 0
+        self.watch_stop = threading.Event()     # ends the unread-partitions watch (assignment.py)
 
     # ---------------------------------------------------------------- health
 
@@ -183,6 +186,9 @@ class Adapter:
                                   **kafka_auth.internal_config()})
         self.consumer.subscribe(self.router.subscription(), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        UnreadWatch({"bootstrap.servers": self.settings.kafka_bootstrap, **kafka_auth.internal_config()},
+                    self.settings.group_id, lambda topic: self.router.route(topic) is not None,
+                    self.watch_stop).start()
         self.heartbeat = time.monotonic()
         log.info("started", extra=kv(keyspace=self.settings.keyspace, topics=",".join(self.router.subscription()),
                                      window=self.settings.window, group=self.settings.group_id,
@@ -456,6 +462,7 @@ class Adapter:
     # ---------------------------------------------------------------- stop
 
     def _shutdown(self) -> None:
+        self.watch_stop.set()
         if self.consumer is None:
             if self.session is not None:
                 self.session.cluster.shutdown()

@@ -10,6 +10,8 @@ SKIPPED = Counter("iot_adapter_tombstones_total", "Null-value records (compactio
 RETRIED = Counter("iot_adapter_write_retries_total", "Cassandra requests that failed and were scheduled again")
 IN_FLIGHT = Gauge("iot_adapter_in_flight", "Records consumed and not yet written or dead-lettered")
 PAUSED = Gauge("iot_adapter_paused", "1 while consumption is paused (window full, Cassandra slow or down)")
+UNREAD_PARTITIONS = Gauge("iot_adapter_unread_partitions",
+                          "Subscribed partitions no member of the group has held for two checks (assignment.py)")
 WRITE_SECONDS = Histogram("iot_adapter_write_seconds", "Latency of one Cassandra request (a row or a batch)",
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10))
 
