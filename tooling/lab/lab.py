@@ -586,13 +586,18 @@ def diagnose(hosts: list[LabHost], log_lines: int = 40) -> str:
             running, _, wanted = replicas.partition(" ")[0].partition("/")
             if running == wanted:
                 continue
-            tasks = host_exec(host, "docker", "service", "ps", "--no-trunc", "--format",
-                              "{{.Name}} {{.Node}} {{.CurrentState}} {{.Error}}", name, check=False, timeout=60)
-            logs = host_exec(host, "docker", "service", "logs", "--tail", str(log_lines), "--no-task-ids", name,
-                             check=False, timeout=60)
-            out += [f"-- {name}: {replicas} running; tasks:", tasks.stdout.strip(),
-                    f"-- {name}: last {log_lines} log lines", (logs.stdout + logs.stderr).strip()]
+            out += [f"-- {name}: {replicas} running", service_report(host, name, log_lines)]
     return "\n".join(out)
+
+
+def service_report(host: LabHost, service: str, log_lines: int = 60) -> str:
+    """One service's tasks (restarts show there) and the tail of its logs, from its site's manager."""
+    tasks = host_exec(host, "docker", "service", "ps", "--no-trunc", "--format",
+                      "{{.Name}} {{.Node}} {{.CurrentState}} {{.Error}}", service, check=False, timeout=60)
+    logs = host_exec(host, "docker", "service", "logs", "--tail", str(log_lines), "--no-task-ids", service,
+                     check=False, timeout=60)
+    return "\n".join([f"-- {service}: tasks", tasks.stdout.strip() or tasks.stderr.strip(),
+                      f"-- {service}: last {log_lines} log lines", (logs.stdout + logs.stderr).strip()])
 
 
 def remove_site(hosts: list[LabHost], site: str, purge: bool) -> None:
