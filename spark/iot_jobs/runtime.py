@@ -77,10 +77,11 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     KAFKA_GROUP_ID_PREFIX, kafka_auth.USERNAME, kafka_auth.PASSWORD, LOG_LEVEL)
 
 
-def topic_options(name: str, what: str, topic: str = "", pattern: str = "") -> tuple[Option, Option]:
+def topic_options(name: str, what: str, topic: str = "", pattern: str = "",
+                  topic_note: str = "") -> tuple[Option, Option]:
     """<NAME>_TOPIC and <NAME>_TOPIC_PATTERN, the settings of one subscription (Source.from_env)."""
-    key = name.lower()
-    return (Option(f"{key}_topic", f"{name}_TOPIC", topic, f"topic of {what}"),
+    key, note = name.lower(), f" ({topic_note})" if topic_note else ""
+    return (Option(f"{key}_topic", f"{name}_TOPIC", topic, f"topic of {what}{note}"),
             Option(f"{key}_topic_pattern", f"{name}_TOPIC_PATTERN", pattern,
                    f"Java regex of the topics of {what}; wins over {name}_TOPIC"))
 

@@ -20,8 +20,9 @@ SITE = Option("site", "SITE", None, "site of readings without a site header", re
 STATE_TTL_SECONDS = Option("state_ttl_seconds", "STATE_TTL_SECONDS", 24 * 3600,
                            "seconds a sensor's state is kept after its last reading", integer(1))
 READINGS = runtime.topic_options("READINGS", "the readings", names.TEMPERATURE_DATA)
-SENSOR_REGISTRATION = runtime.topic_options("SENSOR_REGISTRATION", "the sensor registrations ('none': every "
-                                            "sensor gets the default limits)", names.SENSOR_REGISTRATION)
+SENSOR_REGISTRATION = runtime.topic_options("SENSOR_REGISTRATION", "the sensor registrations",
+                                            names.SENSOR_REGISTRATION,
+                                            topic_note="'none': every sensor gets the default limits")
 THRESHOLD_EVENTS_TOPIC = Option("threshold_events_topic", "THRESHOLD_EVENTS_TOPIC", names.THRESHOLD_EVENTS,
                                 "topic the threshold events are written to")
 DEAD_LETTER_TOPIC = Option("dead_letter_topic", "DEAD_LETTER_TOPIC", names.DEAD_LETTER,
