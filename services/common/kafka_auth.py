@@ -18,8 +18,12 @@ from pathlib import Path
 from services.common import settings
 
 MECHANISM = "SCRAM-SHA-512"
-USERNAME_ENV = "KAFKA_USERNAME"
-PASSWORD_SECRET = "kafka_password"
+# The login on INTERNAL, as Options (the Spark jobs list them among their settings, spark/README.md).
+USERNAME = settings.Option("kafka_username", "KAFKA_USERNAME", "",
+                           "this program's Kafka user on INTERNAL (SCRAM-SHA-512; empty: no login)")
+PASSWORD = settings.Option("kafka_password", secret=True, required=True, help="password of KAFKA_USERNAME")
+USERNAME_ENV = USERNAME.env
+PASSWORD_SECRET = PASSWORD.name
 
 
 def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str]:
@@ -46,10 +50,10 @@ def internal_login(environ: Mapping[str, str] | None = None,
     """(user, password) of this service on INTERNAL; None without KAFKA_USERNAME (a test cluster whose
     INTERNAL is plaintext). Raises settings.SettingsError when the user is set and its password is not."""
     environ = os.environ if environ is None else environ
-    user = environ.get(USERNAME_ENV, "").strip()
+    user = settings.value(USERNAME, None, environ)
     if not user:
         return None
-    password = settings.secret(PASSWORD_SECRET, required=True, environ=environ, secrets_dir=secrets_dir)
+    password = settings.value(PASSWORD, None, environ, secrets_dir)
     if not password:
         raise settings.SettingsError(f"secret {PASSWORD_SECRET} of Kafka user {user} is empty; "
                                      f"fix the file or {PASSWORD_SECRET.upper()}_FILE")

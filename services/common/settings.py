@@ -1,12 +1,12 @@
 """Settings of every program in one shape: a table of Options, read from flags, the environment and secrets.
 
 An Option names an attribute, its environment variable, its flag (by default `--` and the name with dashes),
-a parse function, a default and a help text. The services, the tools and the Spark jobs all declare such tables:
+a parse function, a default and a help text. A dataclass declares each once as a field, `x: int = setting(
+"X", 1, "help", int)`; options_of(cls) is its table. The services, the tools and the Spark jobs use:
 
   build_parser(options, prog=...)    argparse parser; each flag's help shows its variable and default, secrets below
-  parse_args(parser, options, argv)  flags, then the environment, then defaults
-  resolve(options, args)             the same without the parser's error handling
-  from_env(options)                  environment only (programs without flags)
+  parse_args(parser, options, argv)  flags, then the environment, then defaults; resolve(options, args) without exits
+  from_env(options)                  environment only (programs without flags); markdown_table(options) for docs
 
 Precedence is flag > environment > default; an empty variable counts as unset. A value that does not parse
 raises SettingsError naming the variable or flag and what it should be (parse_args turns a bad flag into
@@ -16,6 +16,7 @@ line: Option("cassandra_password", secret=True) reads the file named by CASSANDR
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
@@ -146,6 +147,52 @@ class Option:
         if self.choices and value not in self.choices:
             raise SettingsError(f"{where}={raw!r} is not one of {', '.join(map(str, self.choices))}")
         return value
+
+
+# ------------------------------------------------------------------ declared on a dataclass
+
+_METADATA_KEY = "services.common.settings.Option"
+SAME = object()   # setting(field_default=SAME): the field's default is the option's
+
+
+def setting(env: str = "", default: Any = None, help: str = "", type: Callable[[str], Any] = str, *,
+            flag: str = "", required: bool = False, choices: tuple[Any, ...] = (), secret: bool = False,
+            name: str = "", field_default: Any = SAME) -> Any:
+    """A dataclass field that is also an Option (see Option; its name is the field's unless `name` is given).
+
+    The field's default is the option's `default`, unless `field_default` says otherwise: a value the program
+    computes from the option's (say None -> the host name), or dataclasses.MISSING for a field without one."""
+    spec = {"env": env, "default": default, "help": help, "type": type, "flag": flag, "required": required,
+            "choices": choices, "secret": secret}
+    Option(name or "option", **spec)         # a malformed declaration fails where it is written
+    fallback = default if field_default is SAME else field_default
+    return dataclasses.field(default=fallback, metadata={_METADATA_KEY: (name, spec)})
+
+
+def options_of(cls: type) -> tuple[Option, ...]:
+    """The Options declared with setting() on the dataclass `cls`, in field order (other fields are skipped)."""
+    found = []
+    for f in dataclasses.fields(cls):
+        if _METADATA_KEY in f.metadata:
+            name, spec = f.metadata[_METADATA_KEY]
+            found.append(Option(name or f.name, **spec))
+    return tuple(found)
+
+
+def markdown_table(options: Iterable[Option], secrets_dir: Path | str | None = None) -> str:
+    """The options as a Markdown table: variable | default | meaning (a secret: its _FILE variable and file)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for o in options:
+        if o.secret:
+            fallback = f"`{Path(secrets_dir or SECRETS_DIR) / o.name}`"
+            meaning = f"{o.help} (secret {o.name}: the file named by this variable)"
+        else:
+            shown = _shown(o.default)
+            fallback = "required" if o.required else shown if o.default in (None, "") else f"`{shown}`"
+            meaning = o.help
+        meaning = meaning.replace("|", r"\|").replace("<", r"\<")
+        rows.append(f"| `{o.env}` | {fallback} | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 # ------------------------------------------------------------------ reading

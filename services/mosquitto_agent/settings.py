@@ -11,6 +11,7 @@ import argparse
 from dataclasses import dataclass
 
 from services.common import names, settings
+from services.common.settings import setting
 
 DESCRIPTION = """\
 mosquitto-agent of an edge site.
@@ -25,22 +26,42 @@ answered within 30 s.
 """
 
 
+# Each field is an option (services.common.settings.setting): its flag is --<name> unless given, and it reads
+# the variable shown.
 @dataclass(frozen=True)
 class AgentSettings:
-    mqtt_host: str = "mosquitto"
-    mqtt_port: int = 1883
-    mqtt_username: str = "mosquitto-agent"
-    mqtt_password: str | None = None
-    client_id: str = "mosquitto-agent-1"
-    keepalive_s: int = 30
-    kafka_bootstrap: str = "kafka-1:9092"
-    credentials_topic: str = names.DEVICE_CREDENTIALS
-    metrics_port: int = 9103
-    snapshot_chunk: int = 500
-    stats_interval_s: float = 10.0
-    memory_limit: int = 0
-    max_queued_messages: int = 0
-    log_level: str = "INFO"
+    mqtt_host: str = setting("MOSQUITTO_AGENT_MQTT_HOST", "mosquitto", "Mosquitto's services listener host")
+    mqtt_port: int = setting("MOSQUITTO_AGENT_MQTT_PORT", 1883, "Mosquitto's services listener port",
+                             settings.integer(1, 65535))
+    mqtt_username: str = setting("MOSQUITTO_AGENT_MQTT_USERNAME", "mosquitto-agent",
+                                 "the agent account (kind agent in the mqtt_services file)")
+    mqtt_password: str | None = setting(secret=True, help="MQTT password of --mqtt-username")
+    client_id: str = setting(
+        "MOSQUITTO_AGENT_CLIENT_ID", "mosquitto-agent-1",
+        "MQTT client id; must start with mosquitto-agent- (Swarm: mosquitto-agent-{{.Task.Slot}})")
+    keepalive_s: int = setting("MOSQUITTO_AGENT_KEEPALIVE_S", 30, "MQTT keepalive in seconds",
+                               settings.integer(5, 3600), flag="--keepalive")
+    kafka_bootstrap: str = setting("MOSQUITTO_AGENT_KAFKA_BOOTSTRAP", "kafka-1:9092",
+                                   "Kafka bootstrap servers of the site (INTERNAL)")
+    credentials_topic: str = setting("MOSQUITTO_AGENT_CREDENTIALS_TOPIC", names.DEVICE_CREDENTIALS,
+                                     "the compacted topic of device logins")
+    metrics_port: int = setting("MOSQUITTO_AGENT_METRICS_PORT", 9103, "port of /metrics and /healthz; 0 disables",
+                                settings.integer(0, 65535))
+    snapshot_chunk: int = setting(
+        "MOSQUITTO_AGENT_SNAPSHOT_CHUNK", 500,
+        "most devices per snapshot, upsert or remove message (each also stays within Mosquitto's "
+        "maximum packet size)", settings.integer(1, 100000))
+    stats_interval_s: float = setting("MOSQUITTO_AGENT_STATS_INTERVAL_S", 10.0,
+                                      "seconds between stats requests to the plugin", float, flag="--stats-interval")
+    memory_limit: int = setting(
+        "MOSQUITTO_AGENT_MEMORY_LIMIT", 0,
+        "Mosquitto's memory_limit in bytes, exported as mosquitto_memory_limit_bytes (0: not exported)",
+        settings.integer(0))
+    max_queued_messages: int = setting(
+        "MOSQUITTO_AGENT_MAX_QUEUED_MESSAGES", 0,
+        "Mosquitto's max_queued_messages, exported as mosquitto_max_queued_messages (0: not exported)",
+        settings.integer(0))
+    log_level: str = setting("MOSQUITTO_AGENT_LOG_LEVEL", "INFO", "log level")
 
     def __post_init__(self) -> None:
         if not self.client_id.startswith("mosquitto-agent-"):
@@ -52,37 +73,7 @@ class AgentSettings:
                                          "ports (0..65535)")
 
 
-_D = AgentSettings()
-OPTIONS: tuple[settings.Option, ...] = (
-    settings.Option("mqtt_host", "MOSQUITTO_AGENT_MQTT_HOST", _D.mqtt_host, "Mosquitto's services listener host"),
-    settings.Option("mqtt_port", "MOSQUITTO_AGENT_MQTT_PORT", _D.mqtt_port, "Mosquitto's services listener port",
-                    settings.integer(1, 65535)),
-    settings.Option("mqtt_username", "MOSQUITTO_AGENT_MQTT_USERNAME", _D.mqtt_username,
-                    "the agent account (kind agent in the mqtt_services file)"),
-    settings.Option("mqtt_password", secret=True, help="MQTT password of --mqtt-username"),
-    settings.Option("client_id", "MOSQUITTO_AGENT_CLIENT_ID", _D.client_id,
-                    "MQTT client id; must start with mosquitto-agent- (Swarm: mosquitto-agent-{{.Task.Slot}})"),
-    settings.Option("keepalive_s", "MOSQUITTO_AGENT_KEEPALIVE_S", _D.keepalive_s, "MQTT keepalive in seconds",
-                    settings.integer(5, 3600), flag="--keepalive"),
-    settings.Option("kafka_bootstrap", "MOSQUITTO_AGENT_KAFKA_BOOTSTRAP", _D.kafka_bootstrap,
-                    "Kafka bootstrap servers of the site (INTERNAL)"),
-    settings.Option("credentials_topic", "MOSQUITTO_AGENT_CREDENTIALS_TOPIC", _D.credentials_topic,
-                    "the compacted topic of device logins"),
-    settings.Option("metrics_port", "MOSQUITTO_AGENT_METRICS_PORT", _D.metrics_port,
-                    "port of /metrics and /healthz; 0 disables", settings.integer(0, 65535)),
-    settings.Option("snapshot_chunk", "MOSQUITTO_AGENT_SNAPSHOT_CHUNK", _D.snapshot_chunk,
-                    "most devices per snapshot, upsert or remove message (each also stays within Mosquitto's "
-                    "maximum packet size)", settings.integer(1, 100000)),
-    settings.Option("stats_interval_s", "MOSQUITTO_AGENT_STATS_INTERVAL_S", _D.stats_interval_s,
-                    "seconds between stats requests to the plugin", float, flag="--stats-interval"),
-    settings.Option("memory_limit", "MOSQUITTO_AGENT_MEMORY_LIMIT", _D.memory_limit,
-                    "Mosquitto's memory_limit in bytes, exported as mosquitto_memory_limit_bytes (0: not exported)",
-                    settings.integer(0)),
-    settings.Option("max_queued_messages", "MOSQUITTO_AGENT_MAX_QUEUED_MESSAGES", _D.max_queued_messages,
-                    "Mosquitto's max_queued_messages, exported as mosquitto_max_queued_messages (0: not exported)",
-                    settings.integer(0)),
-    settings.Option("log_level", "MOSQUITTO_AGENT_LOG_LEVEL", _D.log_level, "log level"),
-)
+OPTIONS: tuple[settings.Option, ...] = settings.options_of(AgentSettings)
 
 
 def build_parser() -> argparse.ArgumentParser:

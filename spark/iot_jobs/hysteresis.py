@@ -28,8 +28,12 @@ class ConfigError(ValueError):
 
 
 THRESHOLD_OPTIONS = (
-    settings.Option("thresholds_file", "THRESHOLDS_FILE", "", "path of the thresholds JSON"),
-    settings.Option("thresholds", "THRESHOLDS", "", "the thresholds JSON itself"),
+    settings.Option("thresholds_file", "THRESHOLDS_FILE", "",
+                    "path of the thresholds JSON (e.g. a Swarm config); not with THRESHOLDS"),
+    settings.Option("thresholds", "THRESHOLDS", "",
+                    'the thresholds JSON itself: {"default": {"threshold": 30, "hysteresis": 2}, "types": '
+                    '{"<sensor_type_id>": {"threshold": 200, "hysteresis": 10}}} in degrees Celsius; '
+                    "neither set: 30 / 2"),
 )
 
 

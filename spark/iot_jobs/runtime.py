@@ -1,6 +1,7 @@
 """I/O wiring shared by the jobs: settings from env, session, Kafka source/sink, shutdown.
 
-Settings are services.common.settings Options read from the environment only.
+Settings are services.common.settings Options read from the environment only: COMMON_OPTIONS here, each
+job's own in its module (OPTIONS); spark/README.md's tables are made from them (tests/unit/spark).
 
 Nothing here transforms data; the transforms live in the other modules.
 """
@@ -34,13 +35,16 @@ _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 DEFAULT_STARTING_OFFSETS = "1 hour ago"
 
 
-# Settings common to the jobs; the jobs' own come through env()/env_int(). Empty counts as unset.
+# Settings common to the jobs (COMMON_OPTIONS below); the jobs' own are declared in their modules. Empty counts
+# as unset.
 KAFKA_BOOTSTRAP_SERVERS = Option("bootstrap_servers", "KAFKA_BOOTSTRAP_SERVERS", None,
-                                 "Kafka bootstrap servers; see spark/README.md", required=True)
+                                 "Kafka bootstrap servers, comma-separated host:port", required=True)
 CHECKPOINT_DIR = Option("checkpoint_dir", "CHECKPOINT_DIR", None,
-                        "checkpoint root, one directory per query; see spark/README.md", required=True)
+                        "checkpoint root, one sub-directory per query", required=True)
 TRIGGER_INTERVAL = Option("trigger_interval", "TRIGGER_INTERVAL", "",
                           "micro-batch interval, e.g. '2 seconds' (empty: next batch as soon as the last ends)")
+# KAFKA_OPTION_SECURITY_PROTOCOL=SSL -> kafka.security.protocol=SSL (TLS, SASL...): a family, not one Option.
+KAFKA_OPTION_PREFIX = "KAFKA_OPTION_"
 # The threshold detector's dead-letter query reads every reading again only to find the invalid ones. Back to
 # back it took the job's one core from the event query for each of its micro-batches; dead letters are not
 # urgent, so by default it runs every 10 s with more rows per (fixed-cost) batch. scripts/bench spark measures it.
@@ -63,16 +67,23 @@ def _starting_offsets(text: str) -> str:
 
 
 STARTING_OFFSETS = Option("starting_offsets", "STARTING_OFFSETS", DEFAULT_STARTING_OFFSETS,
-                          "where a query without a checkpoint starts", _starting_offsets)
+                          "where a query without a checkpoint starts: '<n> seconds|minutes|hours|days ago', latest, "
+                          "earliest or Spark's offsets JSON; afterwards the checkpoint decides (registries are "
+                          "always read from earliest)", _starting_offsets)
+
+# What every job reads (KafkaSettings.from_env, checkpoint, trigger_options, run_until_stopped, configure_logging).
+COMMON_OPTIONS: tuple[Option, ...] = (
+    KAFKA_BOOTSTRAP_SERVERS, CHECKPOINT_DIR, STARTING_OFFSETS, TRIGGER_INTERVAL, STOP_TIMEOUT_SECONDS,
+    KAFKA_GROUP_ID_PREFIX, kafka_auth.USERNAME, kafka_auth.PASSWORD, LOG_LEVEL)
 
 
-def env(name: str, default: str | None = None) -> str:
-    """One variable of a job (services.common.settings); without a default it is required."""
-    return settings.env(name, default, help="see spark/README.md")
-
-
-def env_int(name: str, default: int, minimum: int = 0) -> int:
-    return settings.env(name, default, integer(minimum))
+def topic_options(name: str, what: str, topic: str = "", pattern: str = "",
+                  topic_note: str = "") -> tuple[Option, Option]:
+    """<NAME>_TOPIC and <NAME>_TOPIC_PATTERN, the settings of one subscription (Source.from_env)."""
+    key, note = name.lower(), f" ({topic_note})" if topic_note else ""
+    return (Option(f"{key}_topic", f"{name}_TOPIC", topic, f"topic of {what}{note}"),
+            Option(f"{key}_topic_pattern", f"{name}_TOPIC_PATTERN", pattern,
+                   f"Java regex of the topics of {what}; wins over {name}_TOPIC"))
 
 
 @dataclass(frozen=True)
@@ -82,12 +93,12 @@ class Source:
     pattern: str = ""
 
     @classmethod
-    def from_env(cls, name: str, default_topic: str = "", default_pattern: str = "") -> Source:
-        """<NAME>_TOPIC or <NAME>_TOPIC_PATTERN (the pattern wins)."""
-        pattern = env(f"{name}_TOPIC_PATTERN", default_pattern)
-        if pattern:
-            return cls(pattern=pattern)
-        return cls(topic=env(f"{name}_TOPIC", default_topic))
+    def from_env(cls, options: tuple[Option, Option]) -> Source:
+        """The subscription topic_options(NAME, ...) declares: <NAME>_TOPIC or <NAME>_TOPIC_PATTERN (which wins)."""
+        topic, pattern = options
+        if settings.value(pattern):
+            return cls(pattern=settings.value(pattern))
+        return cls(topic=settings.value(topic))
 
     def options(self) -> dict[str, str]:
         return {"subscribePattern": self.pattern} if self.pattern else {"subscribe": self.topic}
@@ -116,10 +127,9 @@ class KafkaSettings:
     @classmethod
     def from_env(cls) -> KafkaSettings:
         options = {"kafka.bootstrap.servers": settings.value(KAFKA_BOOTSTRAP_SERVERS)}
-        # KAFKA_OPTION_SECURITY_PROTOCOL=SSL -> kafka.security.protocol=SSL (TLS, SASL...).
         for name, value in os.environ.items():
-            if name.startswith("KAFKA_OPTION_") and value:
-                options["kafka." + name.removeprefix("KAFKA_OPTION_").lower().replace("_", ".")] = value
+            if name.startswith(KAFKA_OPTION_PREFIX) and value:
+                options["kafka." + name.removeprefix(KAFKA_OPTION_PREFIX).lower().replace("_", ".")] = value
         # The job's own principal on INTERNAL (KAFKA_USERNAME, the secret kafka_password): SCRAM over
         # SASL_PLAINTEXT. Its password travels in the options, which the session redacts (session()).
         options |= {"kafka." + key: value for key, value in kafka_auth.java_internal_options().items()}

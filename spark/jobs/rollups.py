@@ -1,9 +1,7 @@
 """rollups: temperature-data -> temperature-rollups-1m (one-minute windows per sensor).
 
-Environment: KAFKA_BOOTSTRAP_SERVERS, SITE, CHECKPOINT_DIR required;
-STARTING_OFFSETS, ROLLUP_WATERMARK ('30 seconds'), READINGS_TOPIC[_PATTERN],
-ROLLUPS_TOPIC, TRIGGER_INTERVAL, KAFKA_OPTION_*. Invalid readings are skipped
-here: the threshold-detector dead-letters them (once, not once per job).
+Environment: runtime.COMMON_OPTIONS and OPTIONS below (spark/README.md's tables are made from them).
+Invalid readings are skipped here: the threshold-detector dead-letters them (once, not once per job).
 """
 import sys
 from pathlib import Path
@@ -12,18 +10,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot
 
 from iot_jobs import readings, rollups, runtime  # noqa: E402
 
-from services.common import names  # noqa: E402
+from services.common import names, settings  # noqa: E402
+from services.common.settings import Option  # noqa: E402
 
 JOB = "rollups"
+
+SITE = Option("site", "SITE", None, "site of readings without a site header", required=True)
+ROLLUP_WATERMARK = Option("rollup_watermark", "ROLLUP_WATERMARK", "30 seconds",
+                          "how late a reading may arrive and still count in its one-minute window")
+READINGS = runtime.topic_options("READINGS", "the readings", names.TEMPERATURE_DATA)
+ROLLUPS_TOPIC = Option("rollups_topic", "ROLLUPS_TOPIC", names.ROLLUPS_1M, "topic the rollups are written to")
+OPTIONS: tuple[Option, ...] = (SITE, ROLLUP_WATERMARK, *READINGS, ROLLUPS_TOPIC)
 
 
 def run() -> None:
     runtime.configure_logging()
     kafka = runtime.KafkaSettings.from_env()
-    site = runtime.env("SITE")
-    watermark = runtime.env("ROLLUP_WATERMARK", "30 seconds")
-    source = runtime.Source.from_env("READINGS", names.TEMPERATURE_DATA)
-    rollups_topic = runtime.env("ROLLUPS_TOPIC", names.ROLLUPS_1M)
+    site = settings.value(SITE)
+    watermark = settings.value(ROLLUP_WATERMARK)
+    source = runtime.Source.from_env(READINGS)
+    rollups_topic = settings.value(ROLLUPS_TOPIC)
     checkpoint = runtime.checkpoint(JOB, "rollups-1m")
 
     spark = runtime.session(JOB)

@@ -1,9 +1,6 @@
 """threshold-detector: temperature-data -> temperature-threshold-events (+ dead-letter).
 
-Environment (spark/README.md has the full list): KAFKA_BOOTSTRAP_SERVERS, SITE,
-CHECKPOINT_DIR required; STARTING_OFFSETS, THRESHOLDS / THRESHOLDS_FILE,
-STATE_TTL_SECONDS, READINGS_TOPIC[_PATTERN], SENSOR_REGISTRATION_TOPIC[_PATTERN],
-THRESHOLD_EVENTS_TOPIC, DEAD_LETTER_TOPIC, TRIGGER_INTERVAL, DEAD_LETTER_TRIGGER_INTERVAL, KAFKA_OPTION_*.
+Environment: runtime.COMMON_OPTIONS and OPTIONS below (spark/README.md's tables are made from them).
 """
 import json
 import sys
@@ -12,26 +9,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # spark/: the iot_jobs package
 
 from iot_jobs import detector, legacy_state, readings, runtime  # noqa: E402
-from iot_jobs.hysteresis import ConfigError, ThresholdConfig  # noqa: E402
+from iot_jobs.hysteresis import THRESHOLD_OPTIONS, ConfigError, ThresholdConfig  # noqa: E402
 
-from services.common import names  # noqa: E402
+from services.common import names, settings  # noqa: E402
+from services.common.settings import Option, integer  # noqa: E402
 
 JOB = "threshold-detector"
+
+SITE = Option("site", "SITE", None, "site of readings without a site header", required=True)
+STATE_TTL_SECONDS = Option("state_ttl_seconds", "STATE_TTL_SECONDS", 24 * 3600,
+                           "seconds a sensor's state is kept after its last reading", integer(1))
+READINGS = runtime.topic_options("READINGS", "the readings", names.TEMPERATURE_DATA)
+SENSOR_REGISTRATION = runtime.topic_options("SENSOR_REGISTRATION", "the sensor registrations",
+                                            names.SENSOR_REGISTRATION,
+                                            topic_note="'none': every sensor gets the default limits")
+THRESHOLD_EVENTS_TOPIC = Option("threshold_events_topic", "THRESHOLD_EVENTS_TOPIC", names.THRESHOLD_EVENTS,
+                                "topic the threshold events are written to")
+DEAD_LETTER_TOPIC = Option("dead_letter_topic", "DEAD_LETTER_TOPIC", names.DEAD_LETTER,
+                           "topic of the invalid readings ('none': no dead-letter query)")
+OPTIONS: tuple[Option, ...] = (SITE, *THRESHOLD_OPTIONS, STATE_TTL_SECONDS, *READINGS, *SENSOR_REGISTRATION,
+                               THRESHOLD_EVENTS_TOPIC, DEAD_LETTER_TOPIC, runtime.DEAD_LETTER_TRIGGER_INTERVAL)
 
 
 def run() -> None:
     runtime.configure_logging()
     kafka = runtime.KafkaSettings.from_env()
-    site = runtime.env("SITE")
+    site = settings.value(SITE)
     try:
         config = ThresholdConfig.from_env()
     except ConfigError as err:
         raise runtime.SettingsError(str(err)) from None
-    ttl_ms = runtime.env_int("STATE_TTL_SECONDS", 24 * 3600, minimum=1) * 1000
-    source = runtime.Source.from_env("READINGS", names.TEMPERATURE_DATA)
-    registry = runtime.Source.from_env("SENSOR_REGISTRATION", names.SENSOR_REGISTRATION)
-    events_topic = runtime.env("THRESHOLD_EVENTS_TOPIC", names.THRESHOLD_EVENTS)
-    dead_letter_topic = runtime.env("DEAD_LETTER_TOPIC", names.DEAD_LETTER)   # "none" disables
+    ttl_ms = settings.value(STATE_TTL_SECONDS) * 1000
+    source = runtime.Source.from_env(READINGS)
+    registry = runtime.Source.from_env(SENSOR_REGISTRATION)
+    events_topic = settings.value(THRESHOLD_EVENTS_TOPIC)
+    dead_letter_topic = settings.value(DEAD_LETTER_TOPIC)   # "none" disables
     events_checkpoint = runtime.checkpoint(JOB, detector.CHECKPOINT)
     dead_letter_checkpoint = runtime.checkpoint(JOB, "dead-letter")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import MISSING, dataclass
 
 import pytest
 
@@ -226,3 +227,48 @@ def test_simulator_logs_each_device_in_from_the_credentials_file_else_the_secret
             simulator.parse_args(["--site", "a", "--devices", "2", *argv])
         assert exit_info.value.code == 2
         assert error in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Declared:
+    host: str = settings.setting("DEMO_HOST", "localhost", "broker host")
+    password: str | None = settings.setting(secret=True, help="demo password", name="demo_password")
+    computed: int = 7                                      # not a setting: no option
+    client_id: str = settings.setting("DEMO_CLIENT_ID", None, "client id; unset: computed",
+                                      field_default="demo-1")
+    port: int = settings.setting("DEMO_PORT", 1883, "broker port", int, flag="--broker-port")
+
+
+def test_a_setting_is_declared_once_on_its_field_and_options_of_lists_them_in_field_order():
+    options = settings.options_of(Declared)
+    assert [o.name for o in options] == ["host", "demo_password", "client_id", "port"]
+    assert options[0] == Option("host", "DEMO_HOST", "localhost", "broker host")
+    assert options[1] == Option("demo_password", secret=True, help="demo password")
+    assert (options[1].env, options[1].flag) == ("DEMO_PASSWORD_FILE", "")
+    assert (options[2].default, Declared().client_id) == (None, "demo-1")
+    assert (options[3].flag, options[3].type, Declared().port) == ("--broker-port", int, 1883)
+    assert settings.from_env(options, {"DEMO_PORT": "1"}, "/nonexistent")["port"] == 1
+
+
+def test_a_malformed_setting_fails_where_it_is_declared_and_a_field_may_have_no_default():
+    with pytest.raises(ValueError, match="needs an environment variable"):
+        settings.setting("", 1, "no variable")
+
+    @dataclass(frozen=True)
+    class Required:
+        name: str = settings.setting("DEMO_NAME", "x", "a name", field_default=MISSING)
+
+    with pytest.raises(TypeError):
+        Required()
+    assert Required("y").name == "y" and settings.options_of(Required)[0].default == "x"
+
+
+def test_markdown_table_lists_variable_default_and_meaning():
+    table = settings.markdown_table(settings.options_of(Declared), "/run/secrets").splitlines()
+    assert table[:2] == ["| variable | default | meaning |", "|---|---|---|"]
+    assert table[2] == "| `DEMO_HOST` | `localhost` | broker host |"
+    assert table[3] == ("| `DEMO_PASSWORD_FILE` | `/run/secrets/demo_password` | demo password "
+                        "(secret demo_password: the file named by this variable) |")
+    assert table[4] == "| `DEMO_CLIENT_ID` | unset | client id; unset: computed |"
+    assert settings.markdown_table([Option("a", "A", None, "x <y> | z", required=True)]).splitlines()[2] == \
+        r"| `A` | required | x \<y> \| z |"

@@ -219,10 +219,13 @@ def test_starting_offsets_default_is_a_one_hour_lookback(monkeypatch):
 
 def test_source_pattern_setting_wins_over_topic(monkeypatch):
     from iot_jobs import runtime
-    assert runtime.Source.from_env("READINGS", "temperature-data").options() == {"subscribe": "temperature-data"}
+    readings = runtime.topic_options("READINGS", "the readings", "temperature-data")
+    assert [o.env for o in readings] == ["READINGS_TOPIC", "READINGS_TOPIC_PATTERN"]
+    assert runtime.Source.from_env(readings).options() == {"subscribe": "temperature-data"}
+    monkeypatch.setenv("READINGS_TOPIC", "other")
+    assert runtime.Source.from_env(readings).options() == {"subscribe": "other"}
     monkeypatch.setenv("READINGS_TOPIC_PATTERN", r".+\.temperature-data")
-    assert runtime.Source.from_env("READINGS", "temperature-data").options() == {
-        "subscribePattern": r".+\.temperature-data"}
+    assert runtime.Source.from_env(readings).options() == {"subscribePattern": r".+\.temperature-data"}
 
 
 def test_runtime_settings_error_is_the_one_of_services_common():
@@ -244,7 +247,9 @@ def test_runtime_settings_error_is_the_one_of_services_common():
 def test_runtime_settings_error_exits_the_job_1_before_spark_starts(job, environ, message, tmp_path):
     import subprocess
     script = Path(__file__).resolve().parents[3] / "spark" / "jobs" / f"{job}.py"
-    result = subprocess.run([sys.executable, str(script)], env={"PATH": "/usr/bin:/bin", **environ}, cwd=tmp_path,
+    # PYTHONPATH: this checkout's services, also where the venv installs another one (a git worktree).
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(script.parents[2]), **environ}
+    result = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
