@@ -103,12 +103,15 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         pki = Path(tempfile.mkdtemp(prefix="kafka-pki-"))
         ca_file = str(make_pki(pki, broker))
         admin = ("admin", f"admin-{uuid.uuid4().hex}")
-        for name, password in (("broker.password", f"broker-{uuid.uuid4().hex}"), ("admin.password", admin[1])):
-            (pki / name).write_text(password + "\n")
+        broker_password = f"broker-{uuid.uuid4().hex}"
+        for name, text in (("broker.password", broker_password), ("admin.password", admin[1]),
+                           ("broker.jaas", kafka_auth.jaas_config("broker", broker_password))):
+            (pki / name).write_text(text + "\n")
             (pki / name).chmod(0o644)    # the container's uid 1000 reads them
         volumes = {str(pki): "/etc/kafka-pki:ro"}
         env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem", "KAFKA_OPERATOR_USER": operator[0],
                 "KAFKA_INTERNAL_USER": "broker", "KAFKA_INTERNAL_PASSWORD_FILE": "/etc/kafka-pki/broker.password",
+                "KAFKA_INTERNAL_JAAS_FILE": "/etc/kafka-pki/broker.jaas",
                 "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password"}
         _add_scram_user(lab, zk, *operator)
     else:
