@@ -16,7 +16,7 @@ from deploy.errors import fail
 ALIAS_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
 ROLES = ("zookeeper", "kafka", "cassandra")
 CASSANDRA_SEEDS = 3           # the usual count: one lost seed or two do not stop a node from starting
-CASSANDRA_REPLICAS = 3        # replicas of the keyspaces, capped at the nodes (compose/_common.j2)
+CASSANDRA_REPLICAS = 3        # replicas of the keyspaces, capped at the nodes (stack role, stack-services.j2)
 
 
 def _ids(hostvars: dict, hosts: list[str], role: str) -> list[dict]:

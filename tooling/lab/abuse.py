@@ -39,7 +39,7 @@ QUIET_S = 30.0                   # counting stops when no honest reading came fo
 COUNT_LIMIT_S = 600.0            # and after this long at most (a flood's backlog takes a while)
 ALIVE_LIMIT_S = 60.0             # a fresh reading must reach temperature-data within this after a case
 LATENCY_LIMIT_S = 10.0           # the poison and flood cases: every honest reading reaches Kafka within this
-BRIDGE_CLIENT_ID = "bridge-1"    # the lab's one bridge replica (compose/edge.yml.j2: bridge-<task slot>)
+BRIDGE_CLIENT_ID = "bridge-1"    # the lab's one bridge replica (stack-edge.yml.j2: bridge-<task slot>)
 READING = '{{"timestamp": {ms}, "temperature": 21.5, "unit": "C"}}'
 
 

@@ -1,27 +1,29 @@
-"""Render the compose/ stack templates outside Ansible, for tests, benchmarks and operators.
+"""Render the stack role's templates outside a play, through Ansible's own Templar, for tests and tools.
 
-Uses Ansible's own core filters plus the deploy package's (what ansible/filter_plugins registers), so
-what renders here renders the same way in the stack role.
+The variables are the role's as a play resolves them: defaults/main.yml under ansible/group_vars/all and
+the host's inventory variables, under vars/main.yml, then the facts earlier roles set (iot_site_alias,
+iot_tier, iot_topology) and the caller's overrides; Jinja in any of them is resolved lazily, with the
+deploy package's filters (ansible/filter_plugins). Only what needs a run stands in: the Kafka passwords
+(lookups that write files), the site's config and secret files, and the images' ids.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 
-import jinja2
 import yaml
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.filter.core import FilterModule as CoreFilters
-from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+from ansible.template import Templar, trust_as_template
 from ansible.vars.manager import VariableManager
 
-import deploy
-from deploy.swarm import stack_files
-from deploy.topology import edge_sites, site_topology
 from tooling.build import pins
 
 REPO = pins.REPO_ROOT
-filters_math = MathFilters().filters()
+ROLE = REPO / "ansible/roles/stack"
+init_plugin_loader()  # the ansible.builtin collection, as ansible-playbook sets it up
+filter_loader.add_directory(str(REPO / "ansible/filter_plugins"))
 
 
 def group_vars() -> dict:
@@ -31,39 +33,22 @@ def group_vars() -> dict:
 
 def stack_defaults() -> dict:
     """ansible/roles/stack/defaults/main.yml, as written (Jinja expressions stay text)."""
-    return yaml.safe_load((REPO / "ansible/roles/stack/defaults/main.yml").read_text())
+    return yaml.safe_load((ROLE / "defaults/main.yml").read_text())
 
 
 def stack_vars() -> dict:
     """ansible/roles/stack/vars/main.yml, as written (Jinja expressions stay text)."""
-    return yaml.safe_load((REPO / "ansible/roles/stack/vars/main.yml").read_text())
+    return yaml.safe_load((ROLE / "vars/main.yml").read_text())
 
 
-def stack_settings() -> dict:
-    """The stack role's defaults, shaped as the template's `s`."""
-    d = stack_defaults()
-    return {
-        "network": jinja2.Template(d["stack_network"]).render(group_vars()),
-        "kafka_external_port": d["stack_kafka_external_port"],
-        "kafka_operator_user": d["stack_kafka_operator_user"],
-        "mqtt": {"tls_port": d["stack_mqtt_tls_port"],
-                 "max_queued_messages": d["stack_mqtt_max_queued_messages"],
-                 "memory_limit": int(filters_math["human_to_bytes"](
-                     d["stack_resources"]["mosquitto"]["memory"]) * 0.85),
-                 "device_auth": d["stack_mqtt_device_auth"], "agent_user": d["stack_mqtt_agent_user"]},
-        "bridge_mqtt_user": d["stack_bridge_mqtt_user"], "bridge_replicas": d["stack_bridge_replicas"],
-        "bridge_window": d["stack_bridge_window"], "adapter_replicas": d["stack_adapter_replicas"],
-        "consumer_groups": stack_vars()["__stack_consumer_groups"],
-        "kafka_users": stack_vars()["__stack_kafka_users_by_service"],
-        "cassandra_adapter_user": d["stack_cassandra_adapter_user"],
-        "cassandra_keyspace": d["stack_cassandra_keyspace"],
-        "cassandra_cluster_name": "test", "cassandra_dc": "test", "cassandra_fast_start": False,
-        "cassandra_backup": {"interval_minutes": d["stack_cassandra_backup_interval_minutes"],
-                             "keep": d["stack_cassandra_backup_keep"]},
-        "heap": d["stack_heap"], "resources": d["stack_resources"], "spark": d["stack_spark"],
-        "monitoring": {"port": d["stack_prometheus_port"], "retention": d["stack_prometheus_retention"],
-                       "exporter_port": d["stack_jmx_exporter_port"]},
-    }
+@functools.cache
+def _loader() -> DataLoader:
+    return DataLoader()
+
+
+def _role_file(path) -> dict:
+    """A variables file as Ansible loads it: its strings trusted as templates, resolved when read."""
+    return _loader().load_from_file(str(path), trusted_as_template=True)
 
 
 # The images the stacks run (the stack role's vars/main.yml __stack_images).
@@ -76,39 +61,55 @@ def image_ids(**rebuilt: str) -> dict[str, str]:
             for n in STACK_IMAGES}
 
 
-def render(tier: str, topology: dict, settings: dict | None = None, ids: dict[str, str] | None = None) -> dict:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "compose"), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True)
-    env.filters.update(CoreFilters().filters())
-    env.filters.update(deploy.filters())
-    tag = pins.load().image_tag
-    images = {n: f"iot-stack/{n}:{tag}" for n in STACK_IMAGES}
-    # The tier's config and secret names as the stack role writes them (vars/main.yml __stack_files).
-    # plus the pki role's (vars/main.yml __stack_site_files): each broker's keystore, the CA, Mosquitto's.
-    declared = stack_vars()["__stack_files"][tier]
-    monitoring = stack_vars()["__stack_monitoring_files"]
+def role_variables(tier: str, topology: dict, host_vars: dict | None = None, **overrides) -> dict:
+    """The stack role's variables on a site's manager, by Ansible's precedence (lowest first)."""
+    return {**_role_file(ROLE / "defaults/main.yml"), **_role_file(REPO / "ansible/group_vars/all/main.yml"),
+            **(host_vars or {}), **_role_file(ROLE / "vars/main.yml"),
+            "playbook_dir": str(REPO / "ansible"), "ansible_managed": "test",
+            "iot_site_alias": topology["alias"], "iot_tier": tier, "iot_topology": topology,
+            # Stand-ins for the password lookups, which write files beside the site's certificates.
+            "__stack_kafka_passwords": trust_as_template(
+                "{{ dict(__stack_kafka_internal_users | zip(__stack_kafka_internal_users"
+                " | map('regex_replace', '$', '-password-0123456789'))) }}"),
+            **overrides}
+
+
+def resolve(variables: dict, expression: str):
+    """An expression over `variables`, resolved as Ansible does (e.g. a role variable by its name)."""
+    return Templar(loader=_loader(), variables=variables).evaluate_expression(trust_as_template(expression))
+
+
+def render_template(name: str, variables: dict) -> str:
+    """ansible/roles/stack/templates/`name` as the template module renders it (trim_blocks, the role's
+    templates/ on the search path for imports)."""
+    templar = Templar(loader=_loader(), variables=variables).copy_with_new_env(searchpath=[str(ROLE / "templates")])
+    text = trust_as_template((ROLE / "templates" / name).read_text())
+    return templar.template(text, escape_backslashes=False, overrides={"trim_blocks": True})
+
+
+def site_files(tier: str, topology: dict, variables: dict) -> dict:
+    """Stand-ins (content "c" or "s") for the site's files, named as vars/main.yml __stack_site_files names
+    them: the tier's and monitoring's, the pki role's, and one Kafka password per principal."""
+    declared, monitoring = stack_vars()["__stack_files"][tier], stack_vars()["__stack_monitoring_files"]
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
     pki += ["prometheus_tls_cert", "prometheus_tls_key"]
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     pki += ["spark_auth_secret"]
-    settings = settings or stack_settings()
-    pki += ["mqtt_device_ca"] if tier == "edge" and settings["mqtt"]["device_auth"] == "certificate" else []
-    kafka = [f"kafka_password_{user}" for user in kafka_internal_users(tier, settings)]
-    files = stack_files({"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
-                                 "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki,
-                                                           *kafka], "s")},
-                                "/opt/iot-stack/x")
-    text = env.get_template(f"{tier}.yml.j2").render(
-        t=topology, s=settings, img=images, img_ids=ids or image_ids(), files=files, ansible_managed="test")
-    return yaml.safe_load(text)
+    certificates = tier == "edge" and resolve(variables, "stack_mqtt_device_auth") == "certificate"
+    pki += ["mqtt_device_ca"] if certificates else []
+    kafka = [f"kafka_password_{user}" for user in resolve(variables, "__stack_kafka_internal_users")]
+    return {"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
+            "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki, *kafka], "s")}
 
 
-def kafka_internal_users(tier: str, settings: dict) -> list[str]:
-    """The site's Kafka principals on INTERNAL, as vars/main.yml __stack_kafka_internal_users lists them."""
-    users = settings["kafka_users"]
-    services = ["bridge", "adapter", "mosquitto_agent"] if tier == "edge" else ["adapter", "mirrormaker"]
-    return [users["broker"], users["admin"], *(users[s] for s in services),
-            *(job["name"] for job in settings["spark"]["jobs"][tier])]
+def render(tier: str, topology: dict, ids: dict[str, str] | None = None, host_vars: dict | None = None,
+           **overrides) -> dict:
+    """The tier's stack file (templates/stack-<tier>.yml.j2) for `topology`, parsed: the role's defaults, or
+    `host_vars` (a host's inventory variables) over them, then `overrides` (role variables by name)."""
+    variables = role_variables(tier, topology, host_vars, __stack_image_ids=ids or image_ids(), **overrides)
+    if "__stack_site_files" not in overrides:
+        variables["__stack_site_files"] = site_files(tier, topology, variables)
+    return yaml.safe_load(render_template(f"stack-{tier}.yml.j2", variables))
 
 
 def render_mm2(hostvars: dict, groups: dict, datacenter_group: str = "datacenter", **overrides) -> str:
@@ -120,25 +121,12 @@ def render_mm2(hostvars: dict, groups: dict, datacenter_group: str = "datacenter
 def render_role_template(name: str, hostvars: dict, groups: dict, group: str, tier: str, **overrides) -> str:
     """One of ansible/roles/stack/templates as the stack role renders it on `group`'s manager: the role's
     defaults and vars under the first host's inventory variables, then `overrides`."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "ansible/roles/stack/templates"),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True)
-    env.filters.update(CoreFilters().filters())
-    env.filters.update(deploy.filters())
+    from deploy.topology import site_topology
     host = groups[group][0]
-    alias = hostvars[host].get("site_alias") or group.replace("_", "-")
-    users = stack_vars()["__stack_kafka_users_by_service"]
-    context = {**stack_defaults(), "__stack_consumer_groups": stack_vars()["__stack_consumer_groups"],
-               "__stack_kafka_users_by_service": users,
-               "__stack_kafka_passwords": {u: f"{u}-password-0123456789" for u in users.values()},
-               **group_vars(), **hostvars[host], "hostvars": hostvars, "groups": groups,
-               "iot_site_alias": alias, "iot_tier": tier, "ansible_managed": "test",
-               "iot_topology": site_topology(hostvars, groups[group], alias, tier),
-               **overrides}
-    if tier == "datacenter" and "__stack_relay_sites" not in context:
-        context["__stack_relay_sites"] = [site["alias"] for site in edge_sites(
-            hostvars, groups, context["stack_relay_edge_group"], context.get("iot_ignored_groups", []),
-            context["stack_kafka_external_port"])]
-    return env.get_template(name).render(context)
+    alias = overrides.get("iot_site_alias") or hostvars[host].get("site_alias") or group.replace("_", "-")
+    topology = site_topology(hostvars, groups[group], alias, tier)
+    variables = role_variables(tier, topology, hostvars[host], hostvars=hostvars, groups=groups, **overrides)
+    return render_template(name, variables)
 
 
 def properties(text: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ from deploy.images import node_images, site_images
 from deploy.passwords import mqtt_device_hashes, mqtt_service_accounts, registry_htpasswd
 from deploy.swarm import replication_short, rolled_back, unconverged, updating
 from deploy.topology import edge_sites, node_labels, site_topology
-from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, stack_settings
+from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, stack_defaults
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -205,10 +205,8 @@ def test_replication_short_skips_a_keyspace_not_created_yet():
 
 
 def test_local_spark_mode_runs_jobs_without_master_or_worker():
-    from tooling.testbed.stack_render import stack_settings
-    settings = stack_settings()
-    settings["spark"] = {**settings["spark"], "mode": "local"}
-    services = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    spark = {**stack_defaults()["stack_spark"], "mode": "local"}
+    services = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), stack_spark=spark)["services"]
     assert "spark-master" not in services and "spark-worker" not in services
     assert services["threshold-detector"]["environment"]["SPARK_MASTER_URL"] == "local[1]"
 
@@ -226,10 +224,8 @@ def test_rolled_back_lists_services_left_on_their_previous_spec():
 
 def test_lab_jobs_render_with_their_env_and_spark_conf():
     from tooling.lab import lab
-    from tooling.testbed.stack_render import stack_settings
-    settings = stack_settings()
-    settings["spark"] = {**settings["spark"], "mode": "local", "jobs": lab.LAB_JOBS}
-    edge = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), settings)["services"]
+    spark = {**stack_defaults()["stack_spark"], "mode": "local", "jobs": lab.LAB_JOBS}
+    edge = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), stack_spark=spark)["services"]
     job = edge["threshold-detector"]
     assert job["environment"]["TRIGGER_INTERVAL"] == "5 seconds"
     conf = job["command"].index("spark.sql.shuffle.partitions=1")
@@ -256,16 +252,16 @@ def test_one_overlay_network_name_for_roles_and_stacks(example):
 def test_spark_in_cluster_mode_authenticates_every_daemon_and_job_with_the_sites_secret(example, group, tier):
     hostvars, groups = example
     topology = site_topology(hostvars, groups[group], group.replace("_", "-"), tier)
-    settings = stack_settings()
-    assert settings["spark"]["mode"] == "cluster"                 # the default
-    services = _services(render(tier, topology, settings))
+    settings = stack_defaults()["stack_spark"]
+    assert settings["mode"] == "cluster"                          # the default
+    services = _services(render(tier, topology))
     spark = {name: s for name, s in services.items() if s["image"].startswith("iot-stack/spark:")}
     assert {"spark-master", "spark-worker"} < set(spark) and len(spark) > 2
     for name, service in spark.items():
         assert service["environment"]["SPARK_AUTHENTICATE_SECRET_FILE"] == "/run/secrets/spark_auth_secret", name
         assert "spark_auth_secret" in service["secrets"], name
-    settings["spark"] = {**settings["spark"], "mode": "local"}    # jobs in their own drivers: no Spark RPC
-    local = _services(render(tier, topology, settings))
+    # Jobs in their own drivers: no Spark RPC.
+    local = _services(render(tier, topology, stack_spark={**settings, "mode": "local"}))
     assert "spark-master" not in local
     for job in (name for name in spark if name in local):
         assert "SPARK_AUTHENTICATE_SECRET_FILE" not in local[job]["environment"], job

@@ -271,12 +271,12 @@ def test_system_auth_gets_the_data_replication(tier, nodes, replicas):
     hosts = [f"n{i}" for i in range(1, nodes + 1)]
     services = render(tier, site_topology(NODES, hosts, "site-x", tier))["services"]
     adapter = services["cassandra-adapter"]["environment"]
-    assert adapter["ADAPTER_REPLICATION"] == f"test:{replicas}"
+    assert adapter["ADAPTER_REPLICATION"] == f"site-x:{replicas}"    # the data centre is the site (stack_cassandra_dc)
     for i in range(1, nodes + 1):
         # The nodes cap the wanted 3 at the nodes they see, which gives the adapter's figure.
         node = services[f"cassandra-{i}"]["environment"]
-        assert node["CASSANDRA_REPLICATION"] == "test:3"
-        assert auth.capped(auth.parse_replication(node["CASSANDRA_REPLICATION"]), {"test": nodes}) == \
+        assert node["CASSANDRA_REPLICATION"] == "site-x:3"
+        assert auth.capped(auth.parse_replication(node["CASSANDRA_REPLICATION"]), {"site-x": nodes}) == \
             auth.parse_replication(adapter["ADAPTER_REPLICATION"])
 
 

@@ -29,7 +29,7 @@ from tooling.testbed.stack_render import (
     properties,
     render,
     render_mm2,
-    stack_settings,
+    stack_defaults,
     stack_vars,
 )
 
@@ -151,9 +151,8 @@ def test_spark_jobs_commit_no_consumer_group(example, group):
     """Spark's Kafka source keeps its offsets in the checkpoint and, unless kafka.group.id is set, reads in a
     fresh "<groupIdPrefix>-<uuid>" group that commits nothing: nothing for MirrorMaker to sync. The prefix is
     "<owner>-<job>" (the groups the job's principal may use), the naming every service's group follows."""
-    settings = stack_settings()
     owner = "datacenter" if group == "datacenter" else "site-a"
-    jobs = settings["spark"]["jobs"]["datacenter" if group == "datacenter" else "edge"]
+    jobs = stack_defaults()["stack_spark"]["jobs"]["datacenter" if group == "datacenter" else "edge"]
     services = _stack(example, group)["services"]
     for job in jobs:
         service = services[job["name"]]

@@ -1,6 +1,6 @@
 """A rebuilt image keeps its tag; each service carries the id of the image the images role shipped as a
-container label (compose/_common.j2, macro image), so a rebuilt image changes the spec of exactly the
-services that run it, and `docker stack deploy` rolls them."""
+container label (stack role, templates/stack-services.j2, macro image), so a rebuilt image changes the spec
+of exactly the services that run it, and `docker stack deploy` rolls them."""
 from __future__ import annotations
 
 from deploy.topology import site_topology

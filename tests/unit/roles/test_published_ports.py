@@ -13,7 +13,7 @@ import pytest
 
 from deploy.topology import site_topology
 from tooling.testbed.mosquitto import site_config
-from tooling.testbed.stack_render import REPO, load_inventory, render, stack_settings
+from tooling.testbed.stack_render import REPO, load_inventory, render
 
 SITES = {"site_a": "edge", "site_b": "edge", "datacenter": "datacenter"}
 
@@ -116,5 +116,5 @@ def test_the_services_mqtt_listener_is_never_published():
     """1883 takes the bridge's and mosquitto-agent's logins on the overlay network only."""
     hostvars, groups = load_inventory(REPO / "inventory.example")
     topology = site_topology(hostvars, groups["site_a"], "site-a", "edge")
-    published = {p["target"] for p in render("edge", topology, stack_settings())["services"]["mosquitto"]["ports"]}
+    published = {p["target"] for p in render("edge", topology)["services"]["mosquitto"]["ports"]}
     assert published == {8883}
