@@ -104,8 +104,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         ca_file = str(make_pki(pki, broker))
         admin = ("admin", f"admin-{uuid.uuid4().hex}")
         broker_password = f"broker-{uuid.uuid4().hex}"
+        broker_jaas = kafka_auth.properties_value(kafka_auth.jaas_config("broker", broker_password))
         for name, text in (("broker.password", broker_password), ("admin.password", admin[1]),
-                           ("broker.jaas", kafka_auth.jaas_config("broker", broker_password))):
+                           ("broker.jaas", broker_jaas)):
             (pki / name).write_text(text + "\n")
             (pki / name).chmod(0o644)    # the container's uid 1000 reads them
         volumes = {str(pki): "/etc/kafka-pki:ro"}

@@ -105,7 +105,19 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
             assert broker["environment"]["KAFKA_INTERNAL_USER"] == "broker"
             assert {"source": "kafka_password_broker", "target": "kafka_internal_password"} in broker["secrets"]
             assert {"source": "kafka_password_admin", "target": "kafka_admin_password"} in broker["secrets"]
+            assert broker["environment"]["KAFKA_INTERNAL_JAAS_FILE"] == "/run/secrets/kafka_internal_jaas"
+            assert "kafka_internal_jaas" in broker["secrets"]
             assert "KAFKA_INTERNAL_PLAINTEXT" not in broker["environment"]
+
+
+def test_the_brokers_login_secret_is_the_one_jaas_builders_line_for_the_broker_principal():
+    from services.common import kafka_auth
+    from tooling.testbed.stack_render import resolve, role_variables
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    variables = role_variables("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge"),
+                               __stack_kafka_passwords={"broker": 'p"w\\1', "admin": "a"})
+    assert resolve(variables, "__stack_kafka_broker_jaas") == kafka_auth.properties_value(
+        kafka_auth.jaas_config("broker", 'p"w\\1'))
 
 
 def test_preflight_refuses_a_spark_job_without_its_topics_or_with_a_services_name():
