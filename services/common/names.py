@@ -46,7 +46,7 @@ MQTT_GATE_RESPONSE = "$CONTROL/iot-gate/v1/response"
 # the alias of the site (or of the datacenter) whose Kafka it reads, e.g. site-a-cassandra-adapter and
 # datacenter-cassandra-adapter: no two tiers share a group. MirrorMaker 2 keeps a group's name when it syncs
 # offsets into the datacenter, so a shared name would let it move a datacenter service's offsets; the
-# stacks set each group explicitly (compose/, ansible/roles/stack/vars/main.yml) and MirrorMaker syncs only
+# stacks set each group explicitly (ansible/roles/stack: templates/, vars/main.yml) and MirrorMaker syncs only
 # the sites' own groups (ansible/roles/stack/templates/mm2.properties.j2). tests/unit/roles/test_consumer_groups.py
 # checks that all of these agree. A new Kafka consumer with committed offsets gets its name here.
 CONSUMER_GROUPS = {

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from services.common import kafka_auth, settings
+from services.common.backoff import Backoff
 from services.common.settings import Option, SettingsError, integer
 
 log = logging.getLogger("iot_stack.jobs")
@@ -298,9 +299,12 @@ WORKER_START_FAILURES = ("Python worker failed to connect back", "CANNOT_OPEN_SO
 WORKER_START_RETRIES = 10
 
 
+_RESTART_BACKOFF = Backoff(1.0, 30.0)     # 1, 2, 4 ... 30 s
+
+
 def restart_delay(failures: int) -> float:
     """Seconds to wait before starting a query again after `failures` worker-start failures in a row."""
-    return float(min(2 ** failures, 30))
+    return _RESTART_BACKOFF.delay(failures)
 
 
 def restart_reason(error: str, restarts: int) -> str | None:

@@ -106,7 +106,7 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
             assert {"source": "kafka_password_broker", "target": "kafka_internal_password"} in broker["secrets"]
             assert {"source": "kafka_password_admin", "target": "kafka_admin_password"} in broker["secrets"]
             assert broker["environment"]["KAFKA_INTERNAL_JAAS_FILE"] == "/run/secrets/kafka_internal_jaas"
-            assert "kafka_internal_jaas" in broker["secrets"]
+            assert {"source": "kafka_internal_jaas", "target": "kafka_internal_jaas"} in broker["secrets"]
             assert "KAFKA_INTERNAL_PLAINTEXT" not in broker["environment"]
 
 
