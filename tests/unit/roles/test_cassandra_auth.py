@@ -308,3 +308,12 @@ def test_adapter_logs_in_with_its_own_role_and_secret(tier):
     assert adapter["environment"]["ADAPTER_KEYSPACE"] == node["environment"]["CASSANDRA_ADAPTER_KEYSPACE"]
     assert sorted(node["secrets"]) == ["cassandra_adapter_password", "cassandra_password"]
     assert node["environment"]["CASSANDRA_ADAPTER_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
+
+
+def test_a_refused_login_is_told_from_a_node_not_answering_yet():
+    from cassandra import AuthenticationFailed
+    from cassandra.cluster import NoHostAvailable
+    refused = NoHostAvailable("Unable to connect", {"127.0.0.1:9042": AuthenticationFailed("Bad credentials")})
+    down = NoHostAvailable("Unable to connect", {"127.0.0.1:9042": ConnectionRefusedError()})
+    starting = NoHostAvailable("Unable to connect to any servers", ["127.0.0.1"])   # crashed the script once
+    assert [auth._refused(err) for err in (refused, down, starting)] == [True, False, False]
