@@ -100,6 +100,11 @@ def test_readings_published_at_qos1_give_exactly_that_many_rows_at_the_site(lab_
               f"stored: {percentiles([float(r[1]) for r in found])}")
 
 
+# `slow`, outside CI's smoke (`scripts/test tests/lab -m smoke` runs it): hot reading -> threshold event in the
+# datacenter's Cassandra took 142 s (CI) and 115 s (a lab) on 2026-11-27, then over 600 s in a fresh-clone run
+# the same day, cause not found (the Spark jobs' first stateful micro-batch on a loaded host is the suspect: the
+# notifier's took 227 s). A failure now shows the detector's, MirrorMaker's, adapter's and notifier's logs.
+@pytest.mark.slow
 @pytest.mark.timeout(1500)     # up to 600 s for the events at the datacenter, 600 s more for the notification
 def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_hosts, capsys):
     managers = lab.site_managers(lab_hosts)
@@ -114,7 +119,12 @@ def test_hot_sensor_events_reach_the_datacenter_and_produce_a_notification(lab_h
         found = rows(dc, "datacenter", query)
         return found if len(found) >= 2 else None
 
-    events = wait_for("threshold events in the datacenter's Cassandra", events_at_datacenter, timeout=600)
+    try:
+        events = wait_for("threshold events in the datacenter's Cassandra", events_at_datacenter, timeout=600)
+    except AssertionError as err:
+        reports = [lab.service_report(managers[site], f"{site}_threshold-detector")] + [
+            lab.service_report(dc, f"datacenter_{name}") for name in ("mirrormaker", "cassandra-adapter")]
+        raise AssertionError("\n".join([str(err), *reports])) from None
     assert {(e[1], e[2]) for e in events} == {("True", "False"), ("False", "True")}
     with capsys.disabled():
         print(f"\nhot reading -> threshold event in the datacenter's Cassandra (through Spark and MirrorMaker): "
