@@ -67,6 +67,8 @@ def _starting_offsets(text: str) -> str:
     return text
 
 
+# The site of readings without a site header: the edge jobs' own setting (the notifier's SITE means another thing).
+READINGS_SITE = Option("site", "SITE", None, "site of readings without a site header", required=True)
 STARTING_OFFSETS = Option("starting_offsets", "STARTING_OFFSETS", DEFAULT_STARTING_OFFSETS,
                           "where a query without a checkpoint starts: '<n> seconds|minutes|hours|days ago', latest, "
                           "earliest or Spark's offsets JSON; afterwards the checkpoint decides (registries are "

@@ -15,7 +15,7 @@ from services.common.settings import Option  # noqa: E402
 
 JOB = "rollups"
 
-SITE = Option("site", "SITE", None, "site of readings without a site header", required=True)
+SITE = runtime.READINGS_SITE
 ROLLUP_WATERMARK = Option("rollup_watermark", "ROLLUP_WATERMARK", "30 seconds",
                           "how late a reading may arrive and still count in its one-minute window")
 READINGS = runtime.topic_options("READINGS", "the readings", names.TEMPERATURE_DATA)

@@ -16,7 +16,7 @@ from services.common.settings import Option, integer  # noqa: E402
 
 JOB = "threshold-detector"
 
-SITE = Option("site", "SITE", None, "site of readings without a site header", required=True)
+SITE = runtime.READINGS_SITE
 STATE_TTL_SECONDS = Option("state_ttl_seconds", "STATE_TTL_SECONDS", 24 * 3600,
                            "seconds a sensor's state is kept after its last reading", integer(1))
 READINGS = runtime.topic_options("READINGS", "the readings", names.TEMPERATURE_DATA)
