@@ -102,8 +102,9 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
 
 def pki_servers(topology: dict) -> list[dict]:
     """The servers of one site that get a certificate, with the names clients check: each Kafka broker
-    (its EXTERNAL address and kafka-<id>), Prometheus (the apps_node's address and prometheus) and, at
-    an edge site, Mosquitto (the mqtt_node's address and mosquitto). Used by the pki role."""
+    (its EXTERNAL address and kafka-<id>), Prometheus and Alertmanager (the apps_node's address, prometheus
+    and alertmanager) and, at an edge site, Mosquitto (the mqtt_node's address and mosquitto). Used by
+    the pki role."""
     def san(address: str) -> str:
         try:
             ipaddress.ip_address(address)
@@ -112,7 +113,8 @@ def pki_servers(topology: dict) -> list[dict]:
             return f"DNS:{address}"
     servers = [{"name": f"kafka-{k['id']}", "sans": [san(str(k["address"])), f"DNS:kafka-{k['id']}"]}
                for k in topology["kafka"]]
-    servers.append({"name": "prometheus", "sans": [san(str(topology["apps_address"])), "DNS:prometheus"]})
+    servers.append({"name": "prometheus",  # Prometheus' and Alertmanager's: the monitoring certificate
+                    "sans": [san(str(topology["apps_address"])), "DNS:prometheus", "DNS:alertmanager"]})
     if topology.get("mqtt_address"):
         servers.append({"name": "mosquitto", "sans": [san(str(topology["mqtt_address"])), "DNS:mosquitto"]})
     return servers

@@ -48,7 +48,8 @@ TOPIC_VARIABLES = {"topics_edge", "topics_datacenter", "stack_relay_topics", "st
 # Variables whose name mentions topics or MQTT but which hold no topic name (numbers are never suspect).
 NOT_TOPIC_NAMES = {"topics_network", "topics_image", "topics_kafka_image", "topics_kafka_login", "stack_mqtt_users",
                    "stack_mqtt_devices", "stack_bridge_mqtt_user", "stack_mqtt_agent_user", "stack_mqtt_device_auth",
-                   "stack_mqtt_device_burst", "stack_mqtt_device_max_rate"}
+                   "stack_mqtt_device_burst", "stack_mqtt_device_max_rate",
+                   "stack_alert_inhibit_rules"}  # Alertmanager matchers of alert names
 
 
 def rel(path: Path) -> str:

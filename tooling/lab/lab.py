@@ -403,7 +403,7 @@ def write_inventory(hosts: list[LabHost]) -> Path:
               "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}",
               f"ansible_ssh_common_args='{ssh_options(hosts)}'", ""]
     (inventory / "hosts.ini").write_text("\n".join(lines))
-    (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS)
+    (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS + lab_alert_receivers())
     _write_private(inventory / "group_vars" / "all" / "secrets.yml", secret_group_vars(values))
     # Each site's own devices, in its group: a device logs in only at its own site.
     for group in groups:
@@ -413,6 +413,24 @@ def write_inventory(hosts: list[LabHost]) -> Path:
             _write_private(inventory / "group_vars" / group / "devices.yml",
                            f"---\n# Written by scripts/lab (random per lab).\nstack_mqtt_devices: {devices}\n")
     return inventory
+
+
+# The lab's alerts go to a webhook on the lab network's gateway (this machine): the lab tests listen
+# there with tooling/testbed/alert_receiver.py; with nobody listening, Alertmanager retries and logs it.
+LAB_ALERT_RECEIVER_PORT = 19093
+
+
+def lab_alert_receiver_address() -> tuple[str, int]:
+    gateway = run("docker", "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+                  NETWORK).stdout.strip()
+    return gateway, LAB_ALERT_RECEIVER_PORT
+
+
+def lab_alert_receivers() -> str:
+    host, port = lab_alert_receiver_address()
+    receivers = [{"name": "lab-webhook", "webhook_configs": [{"url": f"http://{host}:{port}/alerts",
+                                                               "send_resolved": True}]}]
+    return f"stack_alert_receivers: {json.dumps(receivers)}\n"
 
 
 def _write_private(path: Path, text: str) -> None:

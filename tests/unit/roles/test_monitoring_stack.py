@@ -159,9 +159,9 @@ def test_web_configuration_is_tls_with_one_bcrypt_login(example):
     assert not bcrypt.checkpw(b"another-password", hashed.encode())
 
 
-def test_prometheus_certificate_names_the_apps_node(example):
+def test_the_monitoring_certificate_names_the_apps_node_prometheus_and_alertmanager(example):
     servers = {s["name"]: s["sans"] for s in pki_servers(_topology(example, "site_a"))}
-    assert servers["prometheus"] == ["IP:10.20.0.13", "DNS:prometheus"]      # site-a-3 is the apps node
+    assert servers["prometheus"] == ["IP:10.20.0.13", "DNS:prometheus", "DNS:alertmanager"]  # site-a-3: apps node
 
 
 def _relabel(rules: list[dict], name: str) -> tuple[str, dict] | None:

@@ -100,7 +100,8 @@ def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(ru
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [TOPOLOGY[address]]
-    assert names.get_values_for_type(x509.DNSName) == [server]
+    # Prometheus' certificate is Alertmanager's too (the same apps node, stack-services.j2).
+    assert names.get_values_for_type(x509.DNSName) == [server] + (["alertmanager"] if server == "prometheus" else [])
     key = serialization.load_pem_private_key(secrets[f"{server}_tls_key"].encode(), password=None)
     assert key.public_key() == cert.public_key()
     assert "CERTIFICATE" not in secrets[f"{server}_tls_key"]

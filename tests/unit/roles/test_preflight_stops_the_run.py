@@ -45,6 +45,7 @@ stack_cassandra_adapter_password: preflight-test-adapter
 stack_kafka_operator_password: preflight-test-operator
 stack_kafka_relay_password: preflight-test-relay-7
 stack_mqtt_users: {bridge: preflight-test-bridge, mosquitto-agent: preflight-test-agent}
+stack_alert_receivers: [{name: operations, email_configs: [{to: operations@example.com}]}]
 """
 
 
@@ -142,8 +143,11 @@ def test_weak_secrets_are_refused_before_any_host_changes(tmp_path, secrets, mes
 @pytest.mark.parametrize("variables, named", [
     ("stack_cassandra_backup_interval_minutes: daily\n", "stack_cassandra_backup_interval_minutes (daily)"),
     ("stack_cassandra_backup_keep: 0\n", "stack_cassandra_backup_keep (0)"),
-], ids=["interval", "keep"])
-def test_a_bad_backup_schedule_is_named_before_any_host_changes(tmp_path, variables, named):
+    ("stack_alert_receivers: []\n", "stack_alert_receivers is empty: alerts would reach nobody"),
+    ("stack_alert_route: {receiver: pager}\n",
+     "stack_alert_route.receiver 'pager' is not in stack_alert_receivers (known: operations)"),
+], ids=["interval", "keep", "no-alert-receiver", "unknown-alert-receiver"])
+def test_a_bad_backup_schedule_or_alert_route_is_named_before_any_host_changes(tmp_path, variables, named):
     (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
     (tmp_path / "group_vars" / "all").mkdir(parents=True)
     (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(SECRETS + variables)

@@ -80,7 +80,10 @@ def _prometheus(service: dict) -> tuple[str, str]:
     return ("basic auth (bcrypt)" if web else ""), ("TLS, the site's Prometheus certificate" if tls else "")
 
 
-CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 8883): _mosquitto_tls, ("prometheus", 9090): _prometheus}
+CHECKS = {("kafka", 9094): _kafka_external, ("mosquitto", 8883): _mosquitto_tls, ("prometheus", 9090): _prometheus,
+          # Alertmanager reads Prometheus' web configuration (the same login and certificate);
+          # tests/integration/test_alert_delivery.py runs the image's Alertmanager.
+          ("alertmanager", 9093): _prometheus}
 
 
 def _check(service_name: str, target: int):
@@ -91,7 +94,7 @@ def _check(service_name: str, target: int):
 def test_every_stack_publishes_something():
     assert {(site, target) for site, _, _, target in PUBLISHED} >= {("site-a", 9094), ("site-a", 8883),
                                                                      ("datacenter", 9094), ("site-a", 9090),
-                                                                     ("datacenter", 9090)}
+                                                                     ("datacenter", 9090), ("site-a", 9093)}
 
 
 @pytest.mark.parametrize("site, name, service, target", PUBLISHED,

@@ -46,6 +46,7 @@ stack_kafka_operator_password: {OPERATOR_PASSWORD}
 stack_kafka_relay_password: status-test-relay-Hv27
 stack_mqtt_users: {{bridge: status-test-bridge-Lm55, mosquitto-agent: status-test-agent-Lm55}}
 iot_stack_dir: {{stack_dir}}
+stack_alert_receivers: [{{name: operations, email_configs: [{{to: operations@example.com}}]}}]
 """
 
 # The fake tools. Offsets grow 20 a second over three partitions; the threshold events' partitions end at
