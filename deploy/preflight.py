@@ -1,7 +1,8 @@
 """Preflight's checks of the inventory: one refusal per unfit value, naming the variable and the fix.
 
 Secrets (weak_secret: set, no placeholder, 16+ characters, not the user name, 5+ different characters,
-no well-known default), device ids, and the Spark jobs' names, topics and environment.
+no well-known default), device ids, the Spark jobs' names, topics and environment, and JVM heaps
+(heap_refusals: every heap fits its container's memory limit by HEAP_SHARE).
 """
 from __future__ import annotations
 
@@ -168,5 +169,120 @@ def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict
     return refusals
 
 
+# ---------------------------------------------------------------- heaps
+
+# The share of its container's memory limit (stack_resources.<service>.memory) the JVM heaps in a container may
+# take; the rest is the JVM's own memory (metaspace, threads, direct buffers) and, for Spark, the Python
+# processes. Cassandra also keeps memtables, bloom filters, caches and compression metadata off the heap
+# (jemalloc), so its heap gets half (docs/operations.md, "Before you deploy").
+HEAP_SHARE = {"cassandra": 0.5}
+DEFAULT_HEAP_SHARE = 0.75
+# What the rest of the container holds, for the refusal.
+HEAP_REST = {None: "the JVM's own memory", "cassandra": "Cassandra's off-heap memory: memtables and caches",
+             "spark_worker": "the JVMs' own memory and the executors' Python workers",
+             "spark_job": "the JVM's own memory and the job's Python driver"}
+MIB = 1024 ** 2
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": MIB, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5}
+JVM_SIZE_RE = re.compile(r"^(\d+)([kKmMgGtT]?)$")
+# What Docker takes for a memory limit (docker/go-units RAMInBytes): 3G, 1536M, 1.5g, 512MiB, bytes.
+DOCKER_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?) ?([kKmMgGtTpP]?)[iI]?[bB]?$")
+# (stack_heap key, service of stack_resources, what the stack passes it as)
+JVM_OPTS_HEAPS = (("zookeeper", "zookeeper", "ZOO_HEAP_OPTS"), ("kafka", "kafka", "KAFKA_HEAP_OPTS"),
+                  ("mirrormaker", "mirrormaker", "MM2_HEAP_OPTS"))
+
+
+def jvm_size(text: object) -> int | None:
+    """Bytes of a JVM size (-Xmx's argument, Cassandra's CASSANDRA_HEAP): 4G, 1536m, 512k; None if unfit."""
+    match = JVM_SIZE_RE.match(str(text).strip())
+    return int(match[1]) * _UNITS[match[2].lower()] if match else None
+
+
+def memory_limit(text: object) -> int | None:
+    """Bytes of a Docker memory limit (3G, 1536M, 1.5g, a plain number of bytes); None if unfit."""
+    match = DOCKER_SIZE_RE.match(str(text).strip())
+    return int(float(match[1]) * _UNITS[match[2].lower()]) if match else None
+
+
+def opts_heap(opts: object) -> int | None:
+    """The largest heap JVM options allow: the last -Xmx, else the last -Xms (the JVM raises its maximum to
+    it); 0 when neither is set (the JVM then takes a quarter of the container). None if a size is unfit."""
+    words = str(opts or "").split()
+    for flag in ("-Xmx", "-Xms"):
+        sizes = [w[len(flag):] for w in words if w.startswith(flag)]
+        if sizes:
+            return jvm_size(sizes[-1])
+    return 0
+
+
+def _mib(size: int, upper: bool = False) -> str:
+    """A size in whole MiB (rounded down, or up with `upper`), as G when it is whole gibibytes."""
+    mib = -(-size // MIB) if upper else size // MIB
+    return f"{mib // 1024}G" if mib and mib % 1024 == 0 else f"{mib}M"
+
+
+def heap_refusals(heap: object, resources: object, spark: object = None) -> list[str]:
+    """Preflight's check that the JVM heaps of each container fit its memory limit: at most HEAP_SHARE
+    (Cassandra) or DEFAULT_HEAP_SHARE of stack_resources.<service>.memory.
+
+    heap       stack_heap: JVM options for zookeeper, kafka, mirrormaker; Cassandra's heap as a size (4G)
+    resources  stack_resources: {service: {memory: limit, ...}}
+    spark      stack_spark: daemon_memory (master, worker), worker_memory (the worker's executors) and
+               driver_memory (each job's container); the master and worker only in cluster mode
+
+    One message per unfit or unreadable value, naming both variables and the fix."""
+    heap = heap if isinstance(heap, dict) else {}
+    resources = resources if isinstance(resources, dict) else {}
+    spark = spark if isinstance(spark, dict) else {}
+    refusals = []
+    # (service, [(variable, value, bytes)]): the heaps that share the service's container.
+    checks = []
+    for key, service, env in JVM_OPTS_HEAPS:
+        size = opts_heap(heap.get(key))
+        if key not in heap or size is None:
+            refusals.append(f"stack_heap.{key} = {heap.get(key)!r} must be JVM heap options with sizes the JVM"
+                            f" reads, e.g. \"-Xms512m -Xmx1g\" (the stack passes it as {env})")
+        elif size:
+            checks.append((service, [(f"stack_heap.{key}", heap[key], size)]))
+    size = jvm_size(heap.get("cassandra"))
+    if size is None:
+        refusals.append(f"stack_heap.cassandra = {heap.get('cassandra')!r} must be a size such as 4G or 1536M"
+                        " (Cassandra's -Xms and -Xmx, CASSANDRA_HEAP)")
+    else:
+        checks.append(("cassandra", [("stack_heap.cassandra", heap["cassandra"], size)]))
+    wanted = [("spark_job", ["driver_memory"])]
+    if spark.get("mode", "cluster") == "cluster":
+        wanted += [("spark_master", ["daemon_memory"]), ("spark_worker", ["daemon_memory", "worker_memory"])]
+    for service, keys in wanted:
+        sizes = [(f"stack_spark.{key}", spark.get(key), jvm_size(spark.get(key))) for key in keys]
+        unfit = [f"{variable} = {value!r}" for variable, value, size in sizes if size is None]
+        if unfit:
+            refusals.append(f"{', '.join(unfit)} must be a size such as 512m or 2g (Spark's memory settings)")
+        else:
+            checks.append((service, sizes))
+    for service, sizes in checks:
+        limit_variable = f"stack_resources.{service}.memory"
+        entry = resources.get(service)
+        limit_value = entry.get("memory") if isinstance(entry, dict) else None
+        limit = memory_limit(limit_value)
+        if not limit:
+            refusals.append(f"{limit_variable} = {limit_value!r} must be a memory limit such as 3G or 1536M")
+            continue
+        share = HEAP_SHARE.get(service, DEFAULT_HEAP_SHARE)
+        total = sum(size for _, _, size in sizes)
+        if total <= limit * share:
+            continue
+        last, room = sizes[-1][0], int(limit * share) - (total - sizes[-1][2])
+        lower = f"the -Xmx of {last}" if last.startswith("stack_heap.") and last != "stack_heap.cassandra" else last
+        refusals.append(
+            f"{' + '.join(v for v, _, _ in sizes)} = {' + '.join(str(x) for _, x, _ in sizes)}"
+            f" ({_mib(total, upper=True)} of heap) does not fit {limit_variable} = {limit_value}: the heap may take"
+            f" at most {share:.0%} of the container's memory limit ({_mib(int(limit * share))}; the rest is"
+            f" {HEAP_REST.get(service, HEAP_REST[None])}), or the container is killed for memory. "
+            + (f"Lower {lower} to {_mib(room)} or less, or raise" if room >= MIB else "Raise")
+            + f" {limit_variable} to {_mib(int(total / share), upper=True)} or more.")
+    return refusals
+
+
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
-FILTERS = {f.__name__: f for f in (mqtt_device_refusals, secret_refusals, spark_job_refusals)}
+FILTERS = {f.__name__: f for f in (heap_refusals, mqtt_device_refusals, secret_refusals,
+                                   spark_job_refusals)}

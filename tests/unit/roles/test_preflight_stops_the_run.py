@@ -167,3 +167,30 @@ def test_restore_without_a_tag_names_the_variables_before_any_host_changes(tmp_p
     assert result.returncode != 0 and "-e backup_restore_tag=<tag" in output, output[-3000:]
     assert "got backup_restore_tag= backup_restore_table=temperature_readings" in output, output[-3000:]
     assert "UNREACHABLE" not in output, output[-3000:]
+
+
+EXAMPLE_SIZES = (REPO / "inventory.example/group_vars/all/sizes.yml").read_text()
+
+
+@pytest.mark.parametrize("sizes, messages", [
+    ("stack_heap: {zookeeper: '-Xmx256m', kafka: '-Xmx1g', cassandra: 4G, mirrormaker: '-Xmx512m'}\n",
+     ["stack_heap.cassandra = 4G (4G of heap) does not fit stack_resources.cassandra.memory = 3G",
+      "Lower stack_heap.cassandra to 1536M or less, or raise stack_resources.cassandra.memory to 8G or more."]),
+    (EXAMPLE_SIZES.replace("---\n", ""), []),
+], ids=["cassandra-4G-in-3G", "example-sizes-pass"])
+def test_a_heap_too_big_for_its_container_is_refused_before_any_host_changes(tmp_path, sizes, messages):
+    """The heaps are checked against the stack role's limits in preflight; inventory.example's sizes pass, so
+    the run goes on past preflight (to hosts that cannot be reached here)."""
+    (tmp_path / "hosts.ini").write_text(INVENTORY.replace("swarm_role=wroker", "swarm_role=worker"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "secrets.yml").write_text(SECRETS + sizes)
+    result = _playbook(tmp_path)
+    output = re.sub(r"\s+", " ", result.stdout + result.stderr)
+    assert result.returncode != 0
+    for message in messages:
+        assert message in output, f"{message!r} not in:\n{(result.stdout + result.stderr)[-3000:]}"
+    plays = re.findall(r"PLAY \[(.*?)\]", output)
+    if messages:
+        assert plays == ["Preflight"], output[-3000:]
+    else:   # past preflight, on to hosts that refuse the connection
+        assert plays[:2] == ["Preflight", "Docker engine"], output[-3000:]
