@@ -1,8 +1,7 @@
 """The deployment's logic, as plain Python: what the Ansible roles compute on the controller.
 
 One module per concern (topology, images, passwords, kafka_acls, preflight, alerting, swarm, rollout, status,
-logs), each
-tested under tests/unit/deploy; ansible/filter_plugins/deploy_filters.py only registers their FILTERS.
+logs), each tested under tests/unit/deploy; ansible/filter_plugins/deploy_filters.py only registers their FILTERS.
 """
 
 

@@ -139,7 +139,8 @@ def external_bootstrap(topology: dict, port: int) -> str:
 
 
 def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str], port: int) -> list[dict]:
-    """Every edge site in the inventory with its external Kafka bootstrap, for the relay.
+    """Every edge site in the inventory with its external Kafka bootstrap (the relay) and the address its
+    Prometheus is published on (the datacenter's federation).
 
     Works from the inventory alone, so a run limited to the datacenter and one new
     site still renders flows for all sites."""
@@ -153,7 +154,8 @@ def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str]
     for group, hosts in sorted(site_groups.items()):
         alias = hostvars[hosts[0]].get("site_alias") or group.replace("_", "-")
         topology = site_topology(hostvars, hosts, alias, "edge")
-        sites.append({"alias": alias, "group": group, "bootstrap": external_bootstrap(topology, port)})
+        sites.append({"alias": alias, "group": group, "bootstrap": external_bootstrap(topology, port),
+                      "apps_address": topology["apps_address"]})
     aliases = [s["alias"] for s in sites]
     if len(set(aliases)) != len(aliases):
         fail(f"edge site aliases {aliases} are not unique; set site_alias per site group")

@@ -38,6 +38,8 @@ OWNERS = (
     ("node_", "node-exporter"),
     ("process_", "every process"),
     ("up", "prometheus"),
+    ("ALERTS", "prometheus"),
+    ("site:", "recording rules"),     # monitoring/rules/fleet.yml, which reads its own last value
 )
 
 
@@ -70,7 +72,7 @@ def metric_names(expr: str) -> set[str]:
 
 def owner(name: str) -> str | None:
     for prefix, component in OWNERS:
-        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
+        if name == prefix or (prefix.endswith(("_", ":")) and name.startswith(prefix)):
             return component
     return None
 

@@ -31,8 +31,10 @@ def test_relay_sees_every_edge_site_with_external_bootstrap(example):
     hostvars, groups = example
     sites = edge_sites(hostvars, groups, "edge", IGNORED, 9094)
     assert sites == [
-        {"alias": "site-a", "group": "site_a", "bootstrap": "10.20.0.11:9094,10.20.0.12:9094,10.20.0.13:9094"},
-        {"alias": "site-b", "group": "site_b", "bootstrap": "10.30.0.11:9094,10.30.0.12:9094,10.30.0.13:9094"},
+        {"alias": "site-a", "group": "site_a", "bootstrap": "10.20.0.11:9094,10.20.0.12:9094,10.20.0.13:9094",
+         "apps_address": "10.20.0.13"},
+        {"alias": "site-b", "group": "site_b", "bootstrap": "10.30.0.11:9094,10.30.0.12:9094,10.30.0.13:9094",
+         "apps_address": "10.30.0.13"},
     ]
 
 

@@ -1,5 +1,6 @@
 """The alert rules of monitoring/: promtool accepts them, each alert fires on the synthetic series of
-its fault and stays silent on a healthy site (tests/unit/monitoring/alerts.test.yml), and every
+its fault and stays silent on a healthy site (tests/unit/monitoring/alerts.test.yml), the fleet's
+recording rules give one series per figure and site (fleet.test.yml), and every
 metric they use is exported by a component (the services' names here, from their own registries;
 the JVMs' names by tests/integration/test_metrics.py, which scrapes them)."""
 from __future__ import annotations
@@ -33,6 +34,11 @@ def test_promtool_accepts_the_rules():
 
 def test_each_alert_fires_on_its_fault_and_not_on_a_healthy_site():
     result = promtool("test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_fleet_rules_record_one_series_per_figure_and_site():
+    result = promtool("test", "rules", str(RULE_TESTS.with_name("fleet.test.yml")))
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -66,21 +66,23 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
         targets = [t for c in jobs[role]["static_configs"] for t in c["targets"]]
         assert targets == [f"{role}-{n['id']}:9404" for n in topology[role]]
         assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
-    services = {"bridge", "mosquitto-agent", "adapter"} if SITES[group] == "edge" else {"adapter", "mirrormaker"}
+    services = ({"bridge", "mosquitto-agent", "adapter"} if SITES[group] == "edge"
+                else {"adapter", "mirrormaker", "federate"})
     assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark", "node"} | services
     spark_jobs = [job["name"] for job in stack_defaults()["stack_spark"]["jobs"][SITES[group]]]
     assert [(c["targets"], c["labels"]) for c in jobs["spark"]["static_configs"]] == [
         ([f"{name}:4040"], {"site": site, "spark_job": name}) for name in spark_jobs]
     assert jobs["node"]["dns_sd_configs"] == [{"names": ["node-exporter"], "type": "A", "port": 9100,
                                                "refresh_interval": "30s"}]
-    for job in (services - {"mirrormaker"}) | {"node"}:
+    for job in (services - {"mirrormaker", "federate"}) | {"node"}:
         assert jobs[job]["relabel_configs"] == [{"target_label": "site", "replacement": site}]
     # Every job a rule names is scraped here, or is the other tier's (the datacenter has no bridge and no
-    # Mosquitto, the sites no MirrorMaker).
+    # Mosquitto, the sites no MirrorMaker and no federation).
     named = {job for rule in alert_rules.rules() for match in re.findall(r'job=~?"([^"]+)"', rule["expr"])
              for job in match.split("|")}
-    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node", "mosquitto-agent"}
-    assert named <= set(jobs) | {"bridge", "mosquitto-agent", "mirrormaker"}
+    assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node", "mosquitto-agent",
+                     "federate"}
+    assert named <= set(jobs) | {"bridge", "mosquitto-agent", "mirrormaker", "federate"}
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
 
 
@@ -146,17 +148,52 @@ def test_promtool_accepts_the_rendered_scrape_configuration(example, group, tmp_
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_web_configuration_is_tls_with_one_bcrypt_login(example):
+def _web(example, group) -> dict:
     hostvars, groups = example
-    web = yaml.safe_load(render_role_template(
-        "prometheus-web.yml.j2", hostvars, groups, "site_a", "edge", iot_site_alias="site-a",
-        __stack_prometheus_password="the-operators-password", pki_password_salt_key=SALT_KEY))
+    return yaml.safe_load(render_role_template(
+        "prometheus-web.yml.j2", hostvars, groups, group, SITES[group], iot_site_alias=group.replace("_", "-"),
+        __stack_prometheus_password="the-operators-password", __stack_prometheus_fleet_password="the-fleets-password",
+        pki_password_salt_key=SALT_KEY))
+
+
+def test_web_configuration_is_tls_with_bcrypt_logins_the_datacenters_only_at_the_edge(example):
+    web = _web(example, "site_a")
     assert web["tls_server_config"]["cert_file"] == "/run/secrets/prometheus_tls_cert"
     assert web["tls_server_config"]["key_file"] == "/run/secrets/prometheus_tls_key"
-    [(user, hashed)] = web["basic_auth_users"].items()
-    assert user == "operator"
-    assert bcrypt.checkpw(b"the-operators-password", hashed.encode())
-    assert not bcrypt.checkpw(b"another-password", hashed.encode())
+    users = web["basic_auth_users"]
+    assert set(users) == {"operator", "fleet"}
+    assert bcrypt.checkpw(b"the-operators-password", users["operator"].encode())
+    assert bcrypt.checkpw(b"the-fleets-password", users["fleet"].encode())
+    assert not bcrypt.checkpw(b"another-password", users["operator"].encode())
+    assert not bcrypt.checkpw(b"the-operators-password", users["fleet"].encode())
+    assert set(_web(example, "datacenter")["basic_auth_users"]) == {"operator"}
+
+
+def test_the_datacenter_federates_each_edge_sites_recorded_series_over_https_with_its_login(example):
+    jobs = {job["job_name"]: job for job in _scrape_config(example, "datacenter")["scrape_configs"]}
+    federate = jobs["federate"]
+    # One target per edge site: its apps node's address (Prometheus' certificate names it), the published port.
+    assert [(c["targets"], c["labels"]) for c in federate["static_configs"]] == [
+        (["10.20.0.13:9090"], {"site": "site-a"}), (["10.30.0.13:9090"], {"site": "site-b"})]
+    assert federate["metrics_path"] == "/federate" and federate["honor_labels"] is True
+    assert federate["params"] == {"match[]": ['{__name__=~"site:.+"}']}
+    recorded = {rule["record"] for rule in alert_rules.rules() if "record" in rule}
+    assert recorded and all(name.startswith("site:") for name in recorded)
+    assert federate["scheme"] == "https"
+    assert federate["tls_config"] == {"ca_file": "/run/secrets/ca.pem"}     # no server_name: the address is checked
+    assert federate["basic_auth"] == {"username": "fleet", "password_file": "/run/secrets/prometheus_fleet_password"}
+    for group in ("site_a", "site_b"):
+        assert "federate" not in {job["job_name"] for job in _scrape_config(example, group)["scrape_configs"]}
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_only_the_datacenters_prometheus_gets_the_fleet_password(example, group):
+    secrets = {s["source"]: s["target"] for s in
+               render(SITES[group], _topology(example, group))["services"]["prometheus"]["secrets"]}
+    assert ("prometheus_fleet_password" in secrets) == (SITES[group] == "datacenter")
+    if SITES[group] == "datacenter":
+        assert secrets["prometheus_fleet_password"] == "prometheus_fleet_password"
+        assert secrets["kafka_ca"] == "ca.pem"
 
 
 def test_the_monitoring_certificate_names_the_apps_node_prometheus_and_alertmanager(example):
