@@ -67,7 +67,8 @@ def _route_receivers(route: dict, where: str):
 def alertmanager_config(receivers: list, route: dict | None = None, inhibit_rules: list | None = None,
                         global_settings: dict | None = None) -> dict:
     """alertmanager.yml as a mapping: the receivers as given, the route (DEFAULT_ROUTE, then the
-    inventory's keys; the first receiver unless the route names one), and the inhibit rules. Preflight
+    inventory's keys; the first receiver unless the route names one), and the inhibit rules
+    (DEFAULT_INHIBIT_RULES, then the inventory's). Preflight
     refuses an inventory without receivers; rendered anyway (a test, a skipped preflight), the alerts
     go to a receiver named `nobody` that Alertmanager's page shows."""
     receivers = list(receivers or []) or [{"name": "nobody"}]
@@ -76,7 +77,7 @@ def alertmanager_config(receivers: list, route: dict | None = None, inhibit_rule
         config["global"] = dict(global_settings)
     config["route"] = {"receiver": receivers[0]["name"], **DEFAULT_ROUTE, **(route or {})}
     config["receivers"] = list(receivers)
-    config["inhibit_rules"] = DEFAULT_INHIBIT_RULES if inhibit_rules is None else list(inhibit_rules)
+    config["inhibit_rules"] = DEFAULT_INHIBIT_RULES + list(inhibit_rules or [])
     return config
 
 

@@ -42,13 +42,15 @@ def test_the_config_routes_to_the_first_receiver_grouped_by_alert_and_site():
     assert "global" not in config
 
 
-def test_the_inventory_refines_the_route_and_replaces_the_inhibit_rules():
+def test_the_inventory_refines_the_route_and_adds_inhibit_rules():
     route = {"receiver": "pager", "repeat_interval": "1h",
              "routes": [{"matchers": ["site = a"], "receiver": "operations"}]}
-    config = alertmanager_config([OPS, PAGER], route, [], {"smtp_smarthost": "mail:587"})
+    extra = {"source_matchers": ["alertname = FleetSiteCutOff"], "target_matchers": ["severity = warning"]}
+    config = alertmanager_config([OPS, PAGER], route, [extra], {"smtp_smarthost": "mail:587"})
     assert config["route"]["receiver"] == "pager" and config["route"]["repeat_interval"] == "1h"
     assert config["route"]["group_by"] == ["alertname", "site"] and config["route"]["routes"] == route["routes"]
-    assert config["inhibit_rules"] == [] and config["global"] == {"smtp_smarthost": "mail:587"}
+    assert config["inhibit_rules"] == DEFAULT_INHIBIT_RULES + [extra]
+    assert config["global"] == {"smtp_smarthost": "mail:587"}
 
 
 def test_without_receivers_the_alerts_go_to_a_visible_nobody():

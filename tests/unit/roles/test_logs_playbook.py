@@ -32,6 +32,7 @@ stack_cassandra_adapter_password: logs-test-adapter-Pw93
 stack_kafka_operator_password: logs-test-operator-Zq81
 stack_kafka_relay_password: logs-test-relay-Hv27
 stack_mqtt_users: {bridge: logs-test-bridge-Lm55, mosquitto-agent: logs-test-agent-Lm55}
+stack_alert_receivers: [{name: operations, email_configs: [{to: operations@example.com}]}]
 """
 # Two tasks of one slot (the first failed, Swarm started the second); a stderr line of the new one.
 FAKE_DOCKER = r'''#!/bin/sh
