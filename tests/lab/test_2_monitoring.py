@@ -40,9 +40,9 @@ def _password(site: str) -> str:
     return (lab.pki_dir() / site / f"prometheus-{USER}.password").read_text().strip()
 
 
-def _get(site: str, address: str, path: str, login: bool = True) -> tuple[int, str]:
+def _get(site: str, address: str, path: str, login: bool = True, port: int = 9090) -> tuple[int, str]:
     context = ssl.create_default_context(cafile=str(lab.pki_dir() / "ca.crt"))   # verifies the name too
-    request = urllib.request.Request(f"https://{address}:9090{path}")
+    request = urllib.request.Request(f"https://{address}:{port}{path}")
     if login:
         request.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{_password(site)}".encode()).decode())
     try:
