@@ -15,16 +15,16 @@ from tooling.lab import chaos, lab
 
 REPO = lab.pins.REPO_ROOT
 EDGE_SITES = ["site-a", "site-b"]
-RUN = uuid.uuid4().hex[:8]
 
 
 def write_error_line(site: str, hosts) -> tuple[chaos.Lab, str, str]:
     """An error line in one running bridge container's log -> (the lab, that container, the line's marker)."""
     lb = chaos.Lab(hosts)
     host, container = lb.container(site, "bridge")
-    marker = f"iot-logs-lab-{RUN}-{site}"
+    marker = f"iot-logs-lab-{uuid.uuid4().hex[:8]}-{site}"      # one per line: each test finds its own
     line = f'level=error service=bridge msg="lab marker for iot-logs" marker={marker}'
-    lab.host_exec(host, "docker", "exec", "-u", "0", container, "sh", "-c", f"echo '{line}' > /proc/1/fd/1")
+    # As the image's user, PID 1's own: root in the container may not open another user's /proc/1/fd.
+    lab.host_exec(host, "docker", "exec", container, "sh", "-c", f"echo '{line}' > /proc/1/fd/1")
     return lb, container, marker
 
 
