@@ -28,7 +28,7 @@ pytestmark = pytest.mark.smoke     # a minute or two on a running lab: part of t
 
 USER = "operator"                  # stack_prometheus_user's default
 JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter", "spark"},
-        "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter", "spark"}}
+        "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter", "spark", "federate"}}
 SPARK_JOB = {"edge": "threshold-detector", "datacenter": "notifier"}      # the lab's (tooling/lab/lab.py LAB_JOBS)
 
 
@@ -90,7 +90,10 @@ def test_every_component_of_the_site_is_scraped_and_up(apps, site):
         time.sleep(10)
     kafka = [t for t in up if t[0] == "kafka"]
     assert len(kafka) == (2 if site == "site-a" else 1), f"{site}: one kafka target per broker, got {kafka}"
-    assert {r["metric"]["site"] for r in _query(site, apps[site], "up")} == {site}
+    assert {r["metric"]["site"] for r in _query(site, apps[site], 'up{job!="federate"}')} == {site}
+    if site == "datacenter":     # the fleet page's federation: one target per edge site, over HTTPS, up
+        federated = _query(site, apps[site], 'up{job="federate"} == 1')
+        assert {r["metric"]["site"] for r in federated} == {"site-a", "site-b"}, federated
     # The Spark job's streaming queries, renamed by the scrape configuration (one series per query).
     queries = _query(site, apps[site], f'spark_streaming_latency{{spark_job="{SPARK_JOB[_tier(site)]}"}}')
     assert queries and all(r["metric"]["query"] for r in queries), queries
@@ -182,3 +185,18 @@ def test_the_status_page_renders_in_a_browser_that_trusts_only_the_deployments_c
     shot.unlink(missing_ok=True)
     _browse(browser_home, page.replace("https://", f"https://{USER}:{_password(site)}@"), f"--screenshot={shot}")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, shot
+
+
+def test_the_fleet_page_shows_both_sites_live_with_their_trends(apps, browser_home):
+    """The datacenter's fleet page over HTTPS and the operator's login, as a browser that trusts only the
+    deployment's CA renders it: both edge sites federated and live, each trend drawn from query_range
+    (the page's script reuses the login of the page; tests/integration/test_fleet.py shows a cut-off site)."""
+    page = f"https://{USER}:{_password('datacenter')}@{apps['datacenter']}:9090/consoles/fleet.html"
+    rendered = _browse(browser_home, page, "--virtual-time-budget=20000", "--dump-dom")
+    assert 'data-trends="drawn"' in rendered, rendered[-3000:]
+    assert "2 sites, none cut off" in rendered, rendered[:3000]
+    for site in ("site-a", "site-b"):
+        row = re.search(rf'<tr id="site-{site}".*?</tr>', rendered, re.S)
+        assert row and 'class="state live">live' in row[0], (site, row and row[0][:2000])
+        points = [int(n) for n in re.findall(r'data-points="(\d+)"', row[0])]
+        assert points and max(points) >= 3, (site, points)
