@@ -10,7 +10,7 @@ the baseline (poll one record, INSERT it with session.execute, next); it prints 
 and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
 baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
 device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead. Method,
-figures and why the warm-up: docs/operations.md, "Benchmarks" ("The adapter").
+figures and why the warm-up: docs/development.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ the iot_gate plugin), its mosquitto-agent and a Kafka with the device-credential
 5. Mosquitto restarted with the whole table on its volume: time until a device logs in again (after the
    bridge's first SUBSCRIBE opens the gate, as the bridge does after every start).
 No Mosquitto restart happens in 1-4: the figures include the agent's sync (Kafka -> the plugin). All on this
-machine (a fresh lab network, removed at the end); indicative figures (docs/operations.md, "Benchmarks").
+machine (a fresh lab network, removed at the end); indicative figures (docs/development.md, "Benchmarks").
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Every figure is measured against a reading's publish time:
   e  hot reading -> event at the site  f  hot reading -> event in the datacenter's Cassandra
 
 Counts are checked, not assumed. How each path is measured, what the counts hold, and the figures:
-docs/operations.md, "Benchmarks". Figures are indicative: everything shares one 2-core machine.
+docs/development.md, "Benchmarks". Figures are indicative: everything shares one 2-core machine.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from the project's kafka image; each site's backlog is drained by MirrorMaker (e
 the datacenter, total and distinct, so nothing lost is checked, not assumed. --secure-first swaps the order.
 With --paced RATE it measures latency instead: MirrorMaker with exactly-once delivery, then without it.
 Figures are indicative (a 2-core machine shared with whatever else runs). Method and figures:
-docs/operations.md, "Benchmarks" ("The relay", and the end of the section).
+docs/development.md, "Benchmarks" ("The relay", and the end of the section).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ one reading in five causes a threshold event. Each reading's `timestamp` is its 
 it causes carries that timestamp, so latency = Kafka timestamp of the output event (set when Spark's
 producer sends it) - reading time: input record time to output record time, through the whole micro-batch.
 Events of the first `--warmup` seconds of each rate are left out. Figures are indicative: a 2-core machine
-shared with whatever else runs (docs/operations.md, "Benchmarks").
+shared with whatever else runs (docs/development.md, "Benchmarks").
 """
 from __future__ import annotations
 

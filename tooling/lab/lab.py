@@ -1,4 +1,4 @@
-"""The local lab: a real multi-site deployment on one machine (docs/operations.md, "The local lab").
+"""The local lab: a real multi-site deployment on one machine (docs/development.md, "The local lab").
 
 Each lab "host" is a container running sshd and its own dockerd (one Swarm node each). `up` creates them, writes
 an inventory, runs the same `ansible-playbook site.yml` an operator runs, registers the simulated fleet, starts
