@@ -440,6 +440,8 @@ class Adapter:
 
     def _on_assign(self, consumer, partitions) -> None:
         log.info("partitions assigned", extra=kv(partitions=_names(partitions)))
+        for topic in {p.topic for p in partitions}:     # exported at 0, so the first dead letter is an
+            metrics.DEAD_LETTERED.labels(topic)          # increase (RecordsDeadLettered)
         if self.paused:     # assign first (the client then skips its own assign), so pause applies
             consumer.assign(partitions)
             consumer.pause(partitions)

@@ -1,7 +1,8 @@
 """Alerts reach a person: a broker that stops answering raises KafkaBrokerDown in the real prometheus
 image (the rules of monitoring/), the image's Alertmanager, configured by deploy.alerting as the stack
 role configures it, sends exactly one notification to a local webhook receiver, and one resolution once
-the broker is back.
+the broker is back; a second webhook that nobody answers is counted as failing
+(alertmanager_notifications_failed_total, which AlertNotificationsFailing reads).
 
 The broker is a stand-in that answers scrapes (the node exporter, named kafka-1 in a `kafka` job):
 what the rule reads is only whether the scrape answers. Alertmanager's timers are shortened (group
@@ -33,15 +34,21 @@ def monitoring(lab, tmp_path_factory):
     receiver = AlertReceiver(_gateway(lab.network), free_port())
     config_dir = tmp_path_factory.mktemp("monitoring")
     config_dir.chmod(0o755)
-    receivers = [{"name": "operations", "webhook_configs": [{"url": receiver.url, "send_resolved": True}]}]
+    # A second webhook nobody answers (a closed port): its failures are counted for AlertNotificationsFailing,
+    # and they do not hold the first one back.
+    unanswered = f"http://{_gateway(lab.network)}:{free_port()}/"
+    receivers = [{"name": "operations", "webhook_configs": [{"url": receiver.url, "send_resolved": True},
+                                                             {"url": unanswered, "send_resolved": True}]}]
     am_config = alertmanager_config(receivers, {"group_wait": "5s", "group_interval": "15s"})
     (config_dir / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
     prometheus = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s", "external_labels": {"site": SITE}},
         "rule_files": ["/etc/prometheus/rules/*.yml"],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["alertmanager:9093"]}]}]},
-        "scrape_configs": [{"job_name": "kafka", "static_configs": [
-            {"targets": ["kafka-1:9100"], "labels": {"site": SITE}}]}],
+        "scrape_configs": [
+            {"job_name": "kafka", "static_configs": [{"targets": ["kafka-1:9100"], "labels": {"site": SITE}}]},
+            {"job_name": "alertmanager", "static_configs": [
+                {"targets": ["alertmanager:9093"], "labels": {"site": SITE}}]}],
     }
     (config_dir / "prometheus.yml").write_text(yaml.safe_dump(prometheus))
     for path in config_dir.iterdir():
@@ -106,4 +113,9 @@ def test_a_stopped_broker_gives_one_notification_and_one_resolution(lab, monitor
     assert len(receiver.about("KafkaBrokerDown", "firing")) == 1
     assert len(receiver.about("KafkaBrokerDown", "resolved")) == 1
     assert [n["status"] for n in receiver.notifications] == ["firing", "resolved"], receiver.notifications
+    # What AlertNotificationsFailing reads, as Prometheus scraped it from the real Alertmanager.
+    wait_until("the unanswered webhook's failures counted",
+               lambda: prometheus_query(ports["prometheus"],
+                                        'alertmanager_notifications_failed_total{integration="webhook"} > 0'),
+               timeout=120, interval=3, on_timeout=lambda: lab.logs("alertmanager"))
     print(f"KafkaBrokerDown notified {fired_after:.0f}s after the broker stopped (rule: for 2m)")

@@ -58,7 +58,7 @@ def scrape_config(directory) -> str:
         "datacenter", stack_prometheus_scrape_interval="5s", iot_site_alias="test")
     config = yaml.safe_load(rendered)
     config["scrape_configs"] = [job for job in config["scrape_configs"]
-                                if job["job_name"] not in ("prometheus", "federate")]
+                                if job["job_name"] not in ("prometheus", "alertmanager", "federate")]
     config.pop("alerting")
     directory.chmod(0o755)
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config))

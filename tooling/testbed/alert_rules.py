@@ -36,6 +36,7 @@ OWNERS = (
     ("mosquitto_", "mosquitto-agent"),
     ("spark_streaming_", "spark"),
     ("node_", "node-exporter"),
+    ("alertmanager_", "alertmanager"),
     ("process_", "every process"),
     ("up", "prometheus"),
     ("ALERTS", "prometheus"),

@@ -68,7 +68,10 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
         assert all(c["labels"] == {"site": site} for c in jobs[role]["static_configs"])
     services = ({"bridge", "mosquitto-agent", "adapter"} if SITES[group] == "edge"
                 else {"adapter", "mirrormaker", "federate"})
-    assert set(jobs) == {"prometheus", "zookeeper", "kafka", "cassandra", "spark", "node"} | services
+    assert set(jobs) == {"prometheus", "alertmanager", "zookeeper", "kafka", "cassandra", "spark", "node"} | services
+    assert jobs["alertmanager"]["scheme"] == "https" and jobs["alertmanager"]["basic_auth"] == \
+        jobs["prometheus"]["basic_auth"]
+    assert jobs["alertmanager"]["static_configs"] == [{"targets": ["alertmanager:9093"], "labels": {"site": site}}]
     spark_jobs = [job["name"] for job in stack_defaults()["stack_spark"]["jobs"][SITES[group]]]
     assert [(c["targets"], c["labels"]) for c in jobs["spark"]["static_configs"]] == [
         ([f"{name}:4040"], {"site": site, "spark_job": name}) for name in spark_jobs]
@@ -81,7 +84,7 @@ def test_scrape_configuration_names_every_component_with_the_sites_label(example
     named = {job for rule in alert_rules.rules() for match in re.findall(r'job=~?"([^"]+)"', rule["expr"])
              for job in match.split("|")}
     assert named >= {"kafka", "zookeeper", "cassandra", "bridge", "adapter", "mirrormaker", "node", "mosquitto-agent",
-                     "federate"}
+                     "federate", "alertmanager", "spark"}
     assert named <= set(jobs) | {"bridge", "mosquitto-agent", "mirrormaker", "federate"}
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
 
