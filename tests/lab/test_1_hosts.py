@@ -46,6 +46,20 @@ def test_engine_runs_on_host(host_of, name):
     assert host.run("docker info --format '{{.Swarm.LocalNodeState}}'").stdout.strip() == "active"
 
 
+@pytest.mark.smoke      # seconds: the smoke's own site.yml ran this way
+def test_the_lab_deploys_as_a_user_that_is_not_root_and_has_no_docker_access(host_of, lab_hosts):
+    """Issue 28: site.yml (which brought this lab up) logs in as `deployer` and becomes root through sudo;
+    `deployer` itself cannot reach the engine, so every Docker step went through become."""
+    inventory = (lab.lab_dir() / "inventory" / "hosts.ini").read_text()
+    assert f"ansible_user={lab.DEPLOY_USER}" in inventory and "ansible_user=root" not in inventory
+    for name in sorted(HOSTS):
+        host = host_of(name)
+        assert host.user(lab.DEPLOY_USER).uid != 0
+        assert "docker" not in host.user(lab.DEPLOY_USER).groups, f"{name}: {lab.DEPLOY_USER} is in group docker"
+        assert host.run(f"su {lab.DEPLOY_USER} -c 'sudo -n true'").rc == 0, f"{name}: no passwordless sudo"
+        assert host.run(f"su {lab.DEPLOY_USER} -c 'docker info'").rc != 0, f"{name}: docker works without sudo"
+
+
 @pytest.mark.parametrize("site", SITES)
 def test_swarm_has_the_sites_nodes_ready(host_of, site):
     expected = sorted(h.name for h in lab.DEFAULT_HOSTS if h.site == site)

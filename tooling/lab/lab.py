@@ -37,6 +37,7 @@ from tooling.build.progress import log
 LABEL = "iot-stack.lab"
 NETWORK = "iot-stack-lab"
 HOST_IMAGE = "lab-host"
+DEPLOY_USER = "deployer"        # Ansible's SSH user on the lab hosts: not root, becomes root through sudo
 # Host container options that work without --privileged (docs/operations.md, the lab).
 HOST_RUN_OPTIONS = [
     "--cap-add=ALL", "--cap-drop=SYS_RESOURCE",
@@ -400,7 +401,7 @@ def write_inventory(hosts: list[LabHost]) -> Path:
     for group, entries in groups.items():
         lines += [f"[{group}]", *entries, ""]
     lines += ["[edge:children]", *[g for g in groups if g != "datacenter"], "",
-              "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={ssh_key()}",
+              "[all:vars]", f"ansible_user={DEPLOY_USER}", f"ansible_ssh_private_key_file={ssh_key()}",
               f"ansible_ssh_common_args='{ssh_options(hosts)}'", ""]
     (inventory / "hosts.ini").write_text("\n".join(lines))
     (inventory / "group_vars" / "all" / "lab.yml").write_text(LAB_GROUP_VARS + lab_alert_receivers())

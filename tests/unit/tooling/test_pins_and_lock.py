@@ -308,8 +308,10 @@ def test_dockerfile_builds_from_the_parent_the_build_passes(image):
 @pytest.mark.parametrize("image", [i for i in images.IMAGES if i.name != "runtime"], ids=lambda image: image.name)
 def test_only_the_runtime_image_creates_the_user_and_installs_tini(image):
     text = "\n".join(line for line in _dockerfile(image).splitlines() if not line.lstrip().startswith("#"))
-    for repeated in ("useradd", "groupadd", "tini ", "ca-certificates", "apt-get install",
-                     "org.opencontainers.image.source"):
+    repeats = ["useradd", "groupadd", "tini ", "ca-certificates", "apt-get install", "org.opencontainers.image.source"]
+    if image.name == "lab-host":        # a server stand-in: its `deployer` is an SSH login, not the services' user
+        repeats.remove("useradd")
+    for repeated in repeats:
         assert repeated not in text, f"images/{image.name}/Dockerfile repeats what images/runtime provides: {repeated}"
 
 
