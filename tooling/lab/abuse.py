@@ -401,7 +401,7 @@ def _run(hosts: list[lab.LabHost], case: str, abuse: Callable[[chaos.Lab, str, d
     watch = None
     try:
         time.sleep(lead_s)
-        watch = AlertWatch(hosts, SITE).start()
+        watch = AlertWatch(hosts, (SITE,)).start()
         abuse(lb, run, saw)
         time.sleep(tail_s)
     except Exception as err:  # noqa: BLE001 - still count what the honest devices kept, and say what failed

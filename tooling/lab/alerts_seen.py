@@ -1,11 +1,12 @@
-"""Which alerts a lab site's Prometheus fires while a fault-suite case runs, and when.
+"""Which alerts the lab's Prometheuses fire while a fault-suite case runs, and when.
 
-The fault suite (tooling/lab/chaos.py) watches the site's Prometheus (HTTPS on the apps node, the operator's
-login and the lab's CA, as an operator's browser) from the fault on, and reports each alert that started
-firing after it with its delay; a case whose fault fired nothing it expects fails. Alerts already firing
-before the fault are left out, so a stuck alert of an earlier case is not credited to this one; except that
-an alert whose value counts events in a window (COUNTING: Mosquitto's starts, a login's offences) counts
-again when its value grows, since it stays firing across consecutive cases.
+The fault suite (tooling/lab/chaos.py) watches the Prometheus of the faulted site and of the datacenter
+(HTTPS on each apps node, the operator's login and the lab's CA, as an operator's browser) from the fault
+on, and reports each alert that started firing after it with its delay; a case whose fault fired nothing it
+expects fails. Alerts already firing before the fault are left out, so a stuck alert of an earlier case is
+not credited to this one; except that an alert whose value counts events in a window (COUNTING: starts, a
+login's offences, dead letters) counts again when its value grows, since it stays firing across
+consecutive cases.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from tooling.lab import lab
 
 USER = "operator"               # stack_prometheus_user's default
 POLL_S = 5.0
-COUNTING = {"MosquittoRestarted", "MqttLoginMisused"}       # alerts whose value is a count of events
+COUNTING = {"MosquittoRestarted", "MqttLoginMisused", "ServiceRestarted",     # alerts whose value is
+            "RecordsDeadLettered"}                                          # a count of events
 
 
 def _apps_node(hosts: list[lab.LabHost], site: str) -> lab.LabHost:
@@ -51,16 +53,30 @@ def _value(alert: dict) -> float:
 
 
 def key(labels: dict) -> str:
-    """An alert's name and the labels that tell its instances apart (not the annotations)."""
-    shown = {k: v for k, v in sorted(labels.items()) if k not in ("alertname", "severity", "instance", "job")}
+    """An alert's name and the labels that tell its instances apart (not the annotations; not the
+    instance, a task's address that a replaced task changes)."""
+    shown = {k: v for k, v in sorted(labels.items()) if k not in ("alertname", "severity", "instance")}
     return labels["alertname"] + ("{" + ",".join(f"{k}={v}" for k, v in shown.items()) + "}" if shown else "")
+
+
+def _parse(text: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = text.partition("{")
+    return name, dict(part.split("=", 1) for part in rest.rstrip("}").split(",") if part)
+
+
+def matches(alert_key: str, wanted: str) -> bool:
+    """Whether an alert's key is the alert a case expects: `Name` or `Name{label=value,...}`, the labels
+    a subset of the key's (ServiceRestarted{job=bridge} is the bridge's, whatever its site)."""
+    name, labels = _parse(alert_key)
+    want_name, want_labels = _parse(wanted)
+    return name == want_name and all(labels.get(k) == v for k, v in want_labels.items())
 
 
 @dataclass
 class AlertWatch:
-    """Started at the fault: records every alert that fires afterwards, and how long after."""
+    """Started at the fault: records every alert the sites' Prometheuses fire afterwards, and how long after."""
     hosts: list[lab.LabHost]
-    site: str
+    sites: tuple[str, ...]
     fault_at: float = 0.0
     before: dict[str, float] = field(default_factory=dict)     # alert key -> value, firing before the fault
     seen: dict[str, float] = field(default_factory=dict)      # alert key -> seconds after the fault
@@ -77,11 +93,13 @@ class AlertWatch:
         return self
 
     def _poll(self) -> dict[str, dict]:
-        try:
-            return firing(self.hosts, self.site)
-        except OSError:
-            self.errors += 1          # Prometheus may be briefly away in a fault of its own node
-            return {}
+        found: dict[str, dict] = {}
+        for site in self.sites:
+            try:
+                found.update(firing(self.hosts, site))
+            except OSError:
+                self.errors += 1          # a Prometheus may be briefly away in a fault of its own node
+        return found
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -98,16 +116,16 @@ class AlertWatch:
             self._thread.join(timeout=30)
         return dict(self.seen)
 
-    def first(self, alertname: str) -> float | None:
-        """Seconds from the fault to the first alert of that name, None when it never fired."""
-        delays = [d for k, d in self.seen.items() if k.split("{", 1)[0] == alertname]
+    def first(self, wanted: str) -> float | None:
+        """Seconds from the fault to the first alert that `matches` wanted, None when none fired."""
+        delays = [d for k, d in self.seen.items() if matches(k, wanted)]
         return min(delays) if delays else None
 
-    def resolved(self, alertname: str, limit_s: float = 900) -> float | None:
-        """Wait until no alert of that name fires any more; seconds waited, None past the limit."""
+    def resolved(self, wanted: str, limit_s: float = 900) -> float | None:
+        """Wait until no alert that `matches` wanted fires any more; seconds waited, None past the limit."""
         start = time.time()
         while time.time() - start < limit_s:
-            if not any(k.split("{", 1)[0] == alertname for k in self._poll()):
+            if not any(matches(k, wanted) for k in self._poll()):
                 return time.time() - start
             time.sleep(POLL_S)
         return None

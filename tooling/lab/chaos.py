@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from tooling.build.progress import log
 from tooling.lab import lab, upgrade
-from tooling.lab.alerts_seen import AlertWatch
+from tooling.lab.alerts_seen import AlertWatch, key, matches
+from tooling.testbed.alert_receiver import AlertReceiver
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -530,7 +531,9 @@ class Case:
     variant: str = "v5"                          # the device (VARIANTS)
     in_flight_s: float | None = None             # lost readings allowed: only those published this long before
                                                  # the kill (in flight at the instant of the crash)
-    alert: str | None = None                     # the alert (monitoring/rules) the fault must fire at site-a
+    alert: str | None = None                     # the alert (monitoring/rules) the fault must fire, at site-a
+                                                 # or the datacenter: Name or Name{label=value} (matches);
+                                                 # None: no alert may fire (the healthy case)
 
 
 @dataclass
@@ -558,7 +561,7 @@ class Outcome:
     variant: str = "v5"                         # the device (VARIANTS)
     lost_in_flight: int | None = None           # of lost, readings published within the case's in_flight_s
                                                 # before the kill (None: the case allows no loss window)
-    alerted: dict[str, float] = field(default_factory=dict)        # site-a's alerts after the fault -> delay s
+    alerted: dict[str, float] = field(default_factory=dict)        # alerts after the fault -> delay s
     notes: list[str] = field(default_factory=list)
 
 
@@ -604,7 +607,10 @@ def _cut_for(seconds: float) -> Callable[[Lab], None]:
 
 
 CASES: dict[str, Case] = {c.name: c for c in (
-    Case("bridge-kill", "SIGKILL site-a's bridge", lambda lb: lb.kill(SITE, "bridge")),
+    # First, while nothing else has happened: a run without a fault fires no alert at all.
+    Case("healthy", "none: a device publishes, nothing else happens", lambda lb: None),
+    Case("bridge-kill", "SIGKILL site-a's bridge", lambda lb: lb.kill(SITE, "bridge"),
+         alert="ServiceRestarted{job=bridge}"),
     Case("mosquitto-kill", "SIGKILL site-a's Mosquitto", lambda lb: lb.kill(SITE, "mosquitto"),
          allowed_loss=-1, alert="MosquittoRestarted"),     # bounded by the documented window, reported as a figure
     # The same crash for devices that do not resend on PUBACK 0x10 (issue 26): nothing acknowledged may be lost
@@ -614,23 +620,29 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("mosquitto-kill-v5-ignore-codes", "SIGKILL site-a's Mosquitto; a v5 device that ignores reason codes",
          lambda lb: lb.kill(SITE, "mosquitto"), variant="v5-ignore-codes", in_flight_s=IN_FLIGHT_S,
          alert="MosquittoRestarted"),
-    Case("kafka-broker-down", "site-a's kafka-2 stopped for 60 s", _down_for(60, SITE, "kafka-2"), seconds=90),
-    Case("cassandra-restart", "site-a's Cassandra restarted", lambda lb: lb.restart(SITE, "cassandra-1")),
-    Case("adapter-kill", "SIGKILL site-a's adapter", lambda lb: lb.kill(SITE, "cassandra-adapter")),
+    # Back within a minute, under KafkaBrokerDown's `for: 2m`: the broker's new start is what is seen.
+    Case("kafka-broker-down", "site-a's kafka-2 stopped for 60 s", _down_for(60, SITE, "kafka-2"), seconds=90,
+         alert="ServiceRestarted{job=kafka}"),
+    Case("cassandra-restart", "site-a's Cassandra restarted", lambda lb: lb.restart(SITE, "cassandra-1"),
+         alert="ServiceRestarted{job=cassandra}"),
+    Case("adapter-kill", "SIGKILL site-a's adapter", lambda lb: lb.kill(SITE, "cassandra-adapter"),
+         alert=f"ServiceRestarted{{job=adapter,site={SITE}}}"),
     Case("dc-adapter-down", "datacenter's adapter down for 3 min", _down_for(180, DC, "cassandra-adapter"),
-         seconds=200, datacenter=True),
+         seconds=200, datacenter=True, alert=f"ServiceNotRunning{{job=adapter,site={DC}}}"),
     Case("mirrormaker-kill", "SIGKILL the datacenter's MirrorMaker", lambda lb: lb.kill(DC, "mirrormaker"),
-         datacenter=True),
+         datacenter=True, alert="ServiceRestarted{job=mirrormaker}"),
     Case("dc-cut-off", "datacenter cut off from every site for 5 min", _cut_for(300), seconds=320,
-         datacenter=True, relay=True),
+         datacenter=True, relay=True, alert=f"FleetSiteCutOff{{site={SITE}}}"),
     Case("detector-kill", "SIGKILL site-a's threshold detector mid-episode",
          lambda lb: lb.kill(SITE, "threshold-detector"), at_s=21.0, datacenter=True,
-         stable_s=300.0),    # a restarted Spark job's first micro-batch took 82 s in the loaded lab
+         stable_s=300.0,     # a restarted Spark job's first micro-batch took 82 s in the loaded lab
+         alert="ServiceRestarted{spark_job=threshold-detector}"),
     Case("rolling-upgrade", "every image rebuilt, site.yml rerun for site-a (tooling/lab/upgrade.py)",
          lambda lb: setattr(lb, "upgrade", upgrade.run(lb.hosts, SITE)), seconds=1800.0, until_done=True,
-         datacenter=True, stable_s=300.0),
+         datacenter=True, stable_s=300.0, alert=f"ServiceRestarted{{job=bridge,site={SITE}}}"),
     Case("poison", "unreadable records on every consumed topic", lambda lb: lb.poison(),
-         watch=((SITE, "cassandra-adapter"), (SITE, "bridge"), (SITE, "threshold-detector"))),
+         watch=((SITE, "cassandra-adapter"), (SITE, "bridge"), (SITE, "threshold-detector")),
+         alert="RecordsDeadLettered{topic=temperature-data}"),
 )}
 
 
@@ -648,7 +660,9 @@ def _settle(probe: Callable[[], dict], done: Callable[[dict], bool], limit_s: fl
     return found
 
 
-def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s: float = 600.0) -> Outcome:
+def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s: float = 600.0,
+             receiver: AlertReceiver | None = None) -> Outcome:
+    """One case; with the lab's alert receiver listening, also whether its alert reached it (a note)."""
     run = uuid.uuid4().hex[:6]
     sensor = f"chaos-{case.name}-{run}"
     lb = Lab(hosts, Relay(f"{sensor}-relay", rate) if case.relay else None)
@@ -659,7 +673,7 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     started_ms = int(time.time() * 1000)
     fault_ms: list[int] = []
     fault_over = threading.Event()
-    watch = AlertWatch(hosts, SITE)
+    watch = AlertWatch(hosts, (SITE, DC))
 
     def fault() -> None:
         watch.start()
@@ -715,6 +729,10 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     outcome.alerted = watch.stop()
     if case.alert and watch.first(case.alert) is None:
         outcome.notes.append(f"{case.alert} did not fire")
+    if not case.alert and outcome.alerted:
+        outcome.notes.append("alerts fired without a fault")
+    if receiver and case.alert and watch.first(case.alert) is not None:
+        outcome.notes.append(_notified(receiver, case.alert, watch.fault_at))
     for watched, before in restarts_before.items():
         outcome.restarted[watched[1]] = lb.restarts(*watched) - before
         if outcome.restarted[watched[1]]:
@@ -725,6 +743,20 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
             f"{k}={v}" for k, v in sorted(outcome.dead_lettered.items())))
     log("chaos", f"case {case.name}: {outcome}")
     return outcome
+
+
+def _notified(receiver: AlertReceiver, wanted: str, since: float, wait_s: float = 120.0) -> str:
+    """Whether the lab's webhook (what a person's pager gets) received the alert: Alertmanager's group wait
+    (30 s) after it fired, or a group interval (5 min) when its group was already open."""
+    deadline = time.time() + wait_s
+    while True:
+        got = [at for at, note in receiver.received() if at >= since
+               and any(matches(key(a["labels"]), wanted) for a in note.get("alerts", []))]
+        if got:
+            return f"notified +{min(got) - since:.0f}s"
+        if time.time() > deadline:
+            return f"{wanted} not notified within {wait_s:.0f}s of firing (its group may have been open)"
+        time.sleep(5)
 
 
 def _report_drain(drain: Drain | None, outcome: Outcome) -> None:
@@ -811,12 +843,14 @@ def _cell(value: object) -> str:
 
 def kept_all(outcome: Outcome) -> bool:
     """Nothing acknowledged was lost (beyond a documented window), every threshold transition reached the
-    site (and the datacenter, announced once), a relay case's load all arrived, and the case's alert fired."""
+    site (and the datacenter, announced once), a relay case's load all arrived, and the case's alert fired
+    (the healthy case: no alert fired)."""
     case = CASES[outcome.case]
     readings = (outcome.lost == 0 or case.allowed_loss < 0
                 or (case.in_flight_s is not None and outcome.lost == outcome.lost_in_flight))
     events = (outcome.events_site >= outcome.events_expected and outcome.events_lost == 0
               and outcome.announced_twice == 0)
     relay = not case.relay or (outcome.relay_backlog > 0 and outcome.relay_lost == 0)
-    alerted = not case.alert or any(k.split("{", 1)[0] == case.alert for k in outcome.alerted)
+    alerted = (any(matches(k, case.alert) for k in outcome.alerted) if case.alert
+               else not outcome.alerted)
     return readings and events and relay and alerted

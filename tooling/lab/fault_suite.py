@@ -7,6 +7,7 @@ import sys
 import time
 
 from tooling.lab import abuse, chaos, lab
+from tooling.testbed.alert_receiver import AlertReceiver
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,13 +24,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("lab chaos: no lab hosts exist; run `scripts/lab up` first")
     started = time.monotonic()
     outcomes, abused = [], []
-    for name in args.case or [*chaos.CASES, *abusive]:
-        if name in abusive:
-            abused.append(abusive[name](hosts))
-            print(abuse.table(abused[-1:]), flush=True)
-        else:
-            outcomes.append(chaos.run_case(hosts, chaos.CASES[name], args.rate))
-            print(chaos.table(outcomes[-1:]), flush=True)
+    receiver = _receiver()
+    try:
+        for name in args.case or [*chaos.CASES, *abusive]:
+            if name in abusive:
+                abused.append(abusive[name](hosts))
+                print(abuse.table(abused[-1:]), flush=True)
+            else:
+                outcomes.append(chaos.run_case(hosts, chaos.CASES[name], args.rate, receiver=receiver))
+                print(chaos.table(outcomes[-1:]), flush=True)
+    finally:
+        if receiver:
+            receiver.close()
     print(f"\nfault suite ({time.monotonic() - started:.0f}s):")
     if outcomes:
         print(chaos.table(outcomes))
@@ -39,6 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             for problem in abuse.violations(outcome):
                 print(f"abuse-{outcome.case}: {problem}")
     return 0 if all(chaos.kept_all(o) for o in outcomes) and not any(abuse.violations(o) for o in abused) else 1
+
+
+def _receiver() -> AlertReceiver | None:
+    """The webhook the lab's Alertmanagers notify (lab.lab_alert_receivers), so each case's alert is seen
+    reaching a person; None (and said) when the port is taken, e.g. by a lab test."""
+    host, port = lab.lab_alert_receiver_address()
+    try:
+        return AlertReceiver(host, port)
+    except OSError as err:
+        print(f"lab chaos: not listening at {host}:{port} for notifications ({err})", flush=True)
+        return None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 
 from services.common import contracts
 from tests.unit.fake_kafka import FakeMessage
-from tooling.lab import chaos
+from tooling.lab import alerts_seen, chaos
 
 # ---------------------------------------------------------------- drain figures
 
@@ -77,6 +77,9 @@ def test_the_relay_load_is_a_valid_rollup_that_the_adapter_stores():
 
 
 def outcome(case: str, lost: int = 0, **figures) -> chaos.Outcome:
+    """The case's outcome; its expected alert fired 40 s after the fault unless `alerted` says otherwise."""
+    expected = chaos.CASES[case].alert
+    figures.setdefault("alerted", {expected: 40.0} if expected else {})
     return chaos.Outcome(case, acknowledged=100, stored=100 - lost, lost=lost, duplicated=0, recovery_s=1.0,
                          **figures)
 
@@ -92,7 +95,28 @@ def test_the_exit_rule_of_the_other_cases_is_unchanged():
     assert not chaos.kept_all(outcome("bridge-kill", lost=1))
     alerted = {"MosquittoRestarted{site=site-a}": 40.0}
     assert chaos.kept_all(outcome("mosquitto-kill", lost=10, alerted=alerted))   # within a documented window
-    assert not chaos.kept_all(outcome("mosquitto-kill", lost=10))                # but its alert must fire
+    assert not chaos.kept_all(outcome("mosquitto-kill", lost=10, alerted={}))    # but its alert must fire
+
+
+def test_every_fault_expects_the_alert_naming_it_and_the_healthy_case_none():
+    assert [name for name, case in chaos.CASES.items() if not case.alert] == ["healthy"]
+    assert chaos.kept_all(outcome("healthy"))
+    assert not chaos.kept_all(outcome("healthy", alerted={"ServiceRestarted{job=bridge,site=site-a}": 30.0}))
+    # The expected alert, with its labels: another job's restart is not the bridge's.
+    assert chaos.kept_all(outcome("bridge-kill", alerted={"ServiceRestarted{job=bridge,site=site-a}": 30.0}))
+    assert not chaos.kept_all(outcome("bridge-kill", alerted={"ServiceRestarted{job=adapter,site=site-a}": 30.0}))
+    assert not chaos.kept_all(outcome("dc-adapter-down", alerted={"ServiceNotRunning{job=adapter,site=site-a}": 9.0}))
+    assert chaos.kept_all(outcome("dc-adapter-down", alerted={"ServiceNotRunning{job=adapter,site=datacenter}": 9.0}))
+
+
+def test_an_alert_key_matches_a_name_and_a_subset_of_its_labels():
+    key = alerts_seen.key({"alertname": "ServiceRestarted", "job": "spark", "spark_job": "rollups",
+                           "site": "site-a", "severity": "info", "instance": "10.0.2.5:4040"})
+    assert key == "ServiceRestarted{job=spark,site=site-a,spark_job=rollups}"
+    assert alerts_seen.matches(key, "ServiceRestarted")
+    assert alerts_seen.matches(key, "ServiceRestarted{spark_job=rollups}")
+    assert not alerts_seen.matches(key, "ServiceRestarted{spark_job=threshold-detector}")
+    assert not alerts_seen.matches(key, "ServiceRestart")
 
 
 def test_a_mosquitto_kill_with_other_devices_keeps_all_but_the_readings_in_flight():
@@ -113,10 +137,11 @@ def test_only_the_cut_off_loads_the_relay():
 
 
 def test_the_table_shows_the_drain_ratio_and_a_dash_where_there_is_none():
-    text = chaos.table([outcome("dc-cut-off", relay_backlog=5, drain_ratio=12.5), outcome("bridge-kill")])
+    text = chaos.table([outcome("dc-cut-off", relay_backlog=5, drain_ratio=12.5),
+                        outcome("bridge-kill", alerted={})])
     header, cut, kill = text.splitlines()
     assert header.split()[-4:] == ["relay_lost", "drain_ratio", "alerted", "notes"]
-    assert cut.split()[-3:] == ["0", "12.5", "none"]
+    assert cut.split()[-4:] == ["0", "12.5", "FleetSiteCutOff{site=site-a}", "+40s"]
     assert kill.split()[-3:] == ["0", "-", "none"]
 
 
