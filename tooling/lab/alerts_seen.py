@@ -101,6 +101,10 @@ class AlertWatch:
                 self.errors += 1          # a Prometheus may be briefly away in a fault of its own node
         return found
 
+    def firing_now(self) -> dict[str, dict]:
+        """The alerts firing now at the watched sites."""
+        return self._poll()
+
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
             for name, alert in self._poll().items():
