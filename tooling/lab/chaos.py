@@ -745,6 +745,44 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     return outcome
 
 
+@contextlib.contextmanager
+def notifications(hosts: list[lab.LabHost]) -> Iterator[AlertReceiver | None]:
+    """The suite listens at the lab's webhook while it runs (each case notes whether its alert arrived);
+    first it waits out failed notifications of the time nobody listened."""
+    receiver = _receiver()
+    if receiver:
+        _age_out_failed_notifications(hosts)
+    try:
+        yield receiver
+    finally:
+        if receiver:
+            receiver.close()
+
+
+def _age_out_failed_notifications(hosts: list[lab.LabHost], limit_s: float = 900.0) -> None:
+    """Notifications the lab's Alertmanagers sent while nobody listened failed, and AlertNotificationsFailing
+    (rightly) says so for 10 min after the last failure: wait that out, so the healthy case starts quiet."""
+    watch = AlertWatch(hosts, (SITE, DC))
+    if not any(matches(k, "AlertNotificationsFailing") for k in watch.firing_now()):
+        return
+    log("chaos", "AlertNotificationsFailing fires (nobody listened at the lab's webhook before); "
+                 f"waiting up to {limit_s:.0f}s for it to resolve")
+    waited = watch.resolved("AlertNotificationsFailing", limit_s)
+    log("chaos", f"AlertNotificationsFailing resolved after {waited:.0f}s" if waited is not None
+        else "AlertNotificationsFailing still fires: the healthy case will say so")
+
+
+def _receiver() -> AlertReceiver | None:
+    """The webhook the lab's Alertmanagers notify (lab.lab_alert_receivers), so each case's alert is seen
+    reaching a person; None (and said) when the port is taken, e.g. by a lab test."""
+    host, port = lab.lab_alert_receiver_address()
+    try:
+        return AlertReceiver(host, port)
+    except OSError as err:
+        log("chaos", f"not listening at {host}:{port} for notifications ({err})")
+        return None
+
+
 def _notified(receiver: AlertReceiver, wanted: str, since: float, wait_s: float = 120.0) -> str:
     """Whether the lab's webhook (what a person's pager gets) received the alert: Alertmanager's group wait
     (30 s) after it fired, or a group interval (5 min) when its group was already open."""
