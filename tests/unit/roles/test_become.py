@@ -13,6 +13,8 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
+from tests.unit.roles.role_tasks import flat
+
 REPO = Path(__file__).resolve().parents[3]
 # Plays that only assert and set facts on the controller: they never connect to a node.
 CONTROLLER_ONLY = {"Preflight", "Check the site to remove before anything changes"}
@@ -25,20 +27,10 @@ def _plays() -> list[tuple[str, dict]]:
     return plays
 
 
-def _tasks(tasks: list) -> list[dict]:
-    """Tasks with those of their blocks (block, rescue, always)."""
-    found = []
-    for task in tasks or []:
-        found.append(task)
-        for key in ("block", "rescue", "always"):
-            found += _tasks(task.get(key))
-    return found
-
-
 def _role_tasks() -> list[tuple[str, dict]]:
     roles = REPO / "ansible/roles"
     files = sorted(roles.glob("*/tasks/*.yml")) + sorted(roles.glob("*/handlers/*.yml"))
-    return [(str(f.relative_to(REPO)), t) for f in files for t in _tasks(yaml.safe_load(f.read_text()))]
+    return [(str(f.relative_to(REPO)), t) for f in files for t in flat(yaml.safe_load(f.read_text()))]
 
 
 @pytest.mark.parametrize("playbook, play", _plays(), ids=lambda v: v if isinstance(v, str) else v["name"])

@@ -7,23 +7,15 @@ from pathlib import Path
 
 import yaml
 
+from tests.unit.roles.role_tasks import flat
+
 REPO = Path(__file__).resolve().parents[3]
 SWARM_TASKS = REPO / "ansible/roles/swarm/tasks"
 
 
-def _flat(tasks: list) -> list[dict]:
-    """Tasks with those of their blocks (block, rescue, always)."""
-    found = []
-    for task in tasks or []:
-        found.append(task)
-        for key in ("block", "rescue", "always"):
-            found += _flat(task.get(key))
-    return found
-
-
 def _tasks() -> list[tuple[str, dict]]:
     return [(f"{path.name}: {task.get('name')}", task) for path in sorted(SWARM_TASKS.glob("*.yml"))
-            for task in _flat(yaml.safe_load(path.read_text()))]
+            for task in flat(yaml.safe_load(path.read_text()))]
 
 
 def test_every_task_that_holds_the_join_tokens_logs_nothing():
