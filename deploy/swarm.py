@@ -2,15 +2,25 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 
 from deploy.topology import CASSANDRA_REPLICAS
 
 
-def stack_files(spec: dict, home: str) -> dict:
-    """{configs|secrets: {name: content}} -> {configs|secrets: {name: {path, hash}}} for the stack template."""
-    return {kind: {name: {"path": f"{home}/{kind}/{name}",
-                          "hash": hashlib.sha256(str(content).encode()).hexdigest()}
+def stack_files(spec: dict, home: str, key: str) -> dict:
+    """{configs|secrets: {name: content}} -> {configs|secrets: {name: {path, hash}}} for the stack template.
+    The hash names the Swarm object, so a changed file becomes a new object and its services roll. A config's
+    hash is the SHA-256 of its content; a secret's is keyed (HMAC-SHA-256 with `key`, the deployment's
+    salt key): anyone who may list the Swarm's secrets, or read the deployment's output, sees the names, and an
+    unkeyed hash of a human-chosen password can be tried against guesses offline."""
+    def digest(kind: str, name: str, content) -> str:
+        data = str(content).encode()
+        if kind == "configs":
+            return hashlib.sha256(data).hexdigest()
+        return hmac.new(str(key).encode(), b"swarm-secret\0" + name.encode() + b"\0" + data,
+                        hashlib.sha256).hexdigest()
+    return {kind: {name: {"path": f"{home}/{kind}/{name}", "hash": digest(kind, name, content)}
                    for name, content in spec.get(kind, {}).items()}
             for kind in ("configs", "secrets")}
 

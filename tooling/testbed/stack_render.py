@@ -68,6 +68,7 @@ def role_variables(tier: str, topology: dict, host_vars: dict | None = None, **o
             "playbook_dir": str(REPO / "ansible"), "ansible_managed": "test",
             "iot_site_alias": topology["alias"], "iot_tier": tier, "iot_topology": topology,
             # Stand-ins for the password lookups, which write files beside the site's certificates.
+            "pki_password_salt_key": "salt-key-0123456789",
             "__stack_kafka_passwords": trust_as_template(
                 "{{ dict(__stack_kafka_internal_users | zip(__stack_kafka_internal_users"
                 " | map('regex_replace', '$', '-password-0123456789'))) }}"),

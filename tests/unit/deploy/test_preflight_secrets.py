@@ -172,6 +172,40 @@ def test_notifier_reads_the_webhook_url_from_a_hashed_swarm_secret():
     assert [n for n, s in stack["services"].items() if "notifier_webhook_url" in s.get("secrets", [])] == ["notifier"]
 
 
+def test_a_secrets_swarm_name_is_keyed_so_a_guessed_password_cannot_be_checked_against_it():
+    """Anyone who may list the Swarm's secrets sees their names: a plain hash of a human-chosen password
+    could be tried against guesses offline. A secret's name is an HMAC with the deployment's salt key;
+    a config's (not secret) is its content's SHA-256, as before."""
+    import hashlib
+
+    from deploy.swarm import stack_files
+    spec = {"configs": {"site": "a: 1\n"}, "secrets": {"cassandra_password": "Winter2026!factory"}}
+    files = stack_files(spec, "/opt/iot-stack/site-a", "k" * 43)
+    plain = hashlib.sha256(b"Winter2026!factory").hexdigest()
+    assert files["secrets"]["cassandra_password"]["path"] == "/opt/iot-stack/site-a/secrets/cassandra_password"
+    assert files["secrets"]["cassandra_password"]["hash"][:12] != plain[:12]
+    assert files["configs"]["site"]["hash"] == hashlib.sha256(b"a: 1\n").hexdigest()
+    # Stable for one key (a re-run does not roll the services), different under another deployment's key,
+    # different for another secret holding the same password, and new when the password changes.
+    again = stack_files(spec, "/h", "k" * 43)["secrets"]["cassandra_password"]
+    assert again == {"path": "/h/secrets/cassandra_password", "hash": files["secrets"]["cassandra_password"]["hash"]}
+    hashes = {stack_files(s, "/h", k)["secrets"][n]["hash"] for s, k, n in (
+        (spec, "k" * 43, "cassandra_password"), (spec, "j" * 43, "cassandra_password"),
+        ({"secrets": {"other": "Winter2026!factory"}}, "k" * 43, "other"),
+        ({"secrets": {"cassandra_password": "Summer2026!factory"}}, "k" * 43, "cassandra_password"))}
+    assert len(hashes) == 4
+
+
+def test_the_rendered_stack_names_secrets_by_the_keyed_hash():
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    topology = site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    names = {key: {n: s["name"] for n, s in render("edge", topology, pki_password_salt_key=key)["secrets"].items()}
+             for key in ("k" * 43, "j" * 43)}
+    assert names["k" * 43].keys() == names["j" * 43].keys() and "cassandra_password" in names["k" * 43]
+    for secret, name in names["k" * 43].items():
+        assert name.startswith(f"site-a_{secret}_") and name != names["j" * 43][secret]
+
+
 @pytest.mark.parametrize("url, content", [("", "\n"), ("  https://example.org/bot1:x/send \n", "https://example.org/bot1:x/send\n")])
 def test_the_webhook_secret_is_never_empty_and_a_lone_newline_means_no_webhook(url, content):
     """Swarm refuses an empty secret; the notifier strips the file, so "\\n" is no webhook."""
