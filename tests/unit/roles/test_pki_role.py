@@ -35,12 +35,13 @@ PLAY = """
 """
 
 
-def _run(tmp_path: Path) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, **extra_vars) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "ansible/roles"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_LOG_PATH="", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}",
-                           "-e", json.dumps({"iot_pki_dir": str(tmp_path / "pki")}), str(tmp_path / "play.yml")],
+                           "-e", json.dumps({"iot_pki_dir": str(tmp_path / "pki"), **extra_vars}),
+                           str(tmp_path / "play.yml")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -113,3 +114,52 @@ def test_second_run_changes_nothing(runs):
     assert "changed=0 " in second.stdout.split("PLAY RECAP")[1], second.stdout[-2000:]
     assert (tmp_path / "pki/ca.crt").read_bytes() == ca_before
     assert len((tmp_path / "pki/password-salt.key").read_text().strip()) == 43    # made once, random
+
+
+# ---------------------------------------------------------------- the CA key under a passphrase
+
+PASSPHRASE = "correct horse battery staple 42"
+
+
+def _play(tmp_path: Path) -> Path:
+    (tmp_path / "play.yml").write_text(PLAY.format(topology=json.dumps(TOPOLOGY), out=tmp_path / "secrets.json"))
+    return tmp_path
+
+
+def _failure(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0, result.stdout[-2000:]
+    return result.stdout + result.stderr
+
+
+def test_with_a_passphrase_the_ca_key_is_made_encrypted_and_still_issues(tmp_path):
+    """A copy of the PKI directory alone cannot issue a certificate: the key needs the vaulted passphrase,
+    and a run without it, or with a wrong one, stops naming iot_pki_ca_passphrase before issuing anything."""
+    _play(tmp_path)
+    first = _run(tmp_path, iot_pki_ca_passphrase=PASSPHRASE)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    key = (tmp_path / "pki/ca.key").read_bytes()
+    assert key.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    with pytest.raises(TypeError):
+        serialization.load_pem_private_key(key, password=None)
+    ca_key = serialization.load_pem_private_key(key, password=PASSPHRASE.encode())
+    ca = x509.load_pem_x509_certificate((tmp_path / "pki/ca.crt").read_bytes())
+    broker = x509.load_pem_x509_certificate((tmp_path / "pki/site-a/kafka-1.crt").read_bytes())
+    assert ca.public_key().public_numbers() == ca_key.public_key().public_numbers()
+    broker.verify_directly_issued_by(ca)
+    assert PASSPHRASE not in first.stdout + first.stderr
+    again = _run(tmp_path, iot_pki_ca_passphrase=PASSPHRASE)
+    assert "changed=0 " in again.stdout.split("PLAY RECAP")[1], again.stdout[-2000:]
+
+    (tmp_path / "pki/site-a/kafka-2.crt").unlink()       # something to issue: nothing may be
+    missing = _failure(_run(tmp_path))
+    assert "ca.key is encrypted: set iot_pki_ca_passphrase" in missing
+    wrong = _failure(_run(tmp_path, iot_pki_ca_passphrase="not the passphrase"))
+    assert "iot_pki_ca_passphrase does not open" in wrong and "not the passphrase" not in wrong
+    assert not (tmp_path / "pki/site-a/kafka-2.crt").exists()
+
+
+def test_a_passphrase_for_an_unencrypted_ca_key_says_how_to_encrypt_it(tmp_path):
+    _play(tmp_path)
+    assert _run(tmp_path).returncode == 0
+    refused = _failure(_run(tmp_path, iot_pki_ca_passphrase=PASSPHRASE))
+    assert "iot_pki_ca_passphrase is set but" in refused and "openssl pkey -in ca.key -aes256" in refused
