@@ -22,8 +22,13 @@ SITE = "site-b"
 STATEFUL = ("zookeeper-1", "kafka-1", "mosquitto")     # and every Cassandra node already there
 
 
+def _service(node: int) -> str:
+    """A `docker ps` filter for exactly cassandra-<node>'s containers (a name filter also matches cassandra-<node>0)."""
+    return f"label=com.docker.swarm.service.name={SITE}_cassandra-{node}"
+
+
 def _run_in_container(host: lab.LabHost, node: int, *command: str) -> subprocess.CompletedProcess:
-    script = f"docker exec $(docker ps -q -f name={SITE}_cassandra-{node}. | head -1) " + " ".join(command)
+    script = f"docker exec $(docker ps -q -f {_service(node)} | head -1) " + " ".join(command)
     return lab.host_exec(host, "bash", "-c", script, check=False, timeout=120)
 
 
@@ -45,7 +50,7 @@ def _counts(host: lab.LabHost, node: int, sensors: list[tuple[str, int]]) -> lis
     in as the adapter's role: Cassandra reads the default superuser `cassandra` at QUORUM, which a
     two-node site without one node lacks; other roles at LOCAL_ONE (auth_read_consistency_level)."""
     credentials = f"[PlainTextAuthProvider]\nusername = iot_adapter\npassword = {lab.secret('cassandra_adapter')}\n"
-    container = f"$(docker ps -q -f name={SITE}_cassandra-{node}. | head -1)"
+    container = f"$(docker ps -q -f {_service(node)} | head -1)"
     written = subprocess.run(["docker", "exec", "-i", host.container, "bash", "-c",
                               f"docker exec -i {container} bash -c 'umask 077; cat > /tmp/adapter.credentials'"],
                              input=credentials, text=True, capture_output=True, timeout=60)
@@ -90,7 +95,7 @@ def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(l
         new_host, new, "cat", "/var/lib/cassandra/iot.repaired").strip(), timeout=600)
     assert repaired == f"{SITE}:{replicas}"
     logs = lab.host_exec(new_host, "bash", "-c",
-                         f"docker logs $(docker ps -q -f name={SITE}_cassandra-{new}. | head -1) 2>&1",
+                         f"docker logs $(docker ps -q -f {_service(new)} | head -1) 2>&1",
                          check=False).stdout
     assert "joining the running cluster through it, not as a seed" in logs
     assert "JOINING: Starting to bootstrap" in logs

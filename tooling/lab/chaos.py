@@ -437,6 +437,14 @@ class Relay:
 
 # ---------------------------------------------------------------- faults
 
+def service_filter(site: str, service: str) -> list[str]:
+    """`docker ps` options for the containers of exactly the Swarm service <site>_<service>. Not a name
+    filter: it matches a substring as a regular expression, so "site-a_mosquitto." also matched
+    site-a_mosquitto-agent's containers, and the Mosquitto cases killed the agent (found 2026-11-27:
+    MosquittoRestarted did not fire while Mosquitto's uptime ran on)."""
+    return ["-f", f"label=com.docker.swarm.service.name={site}_{service}"]
+
+
 @dataclass
 class Lab:
     hosts: list[lab.LabHost]
@@ -455,7 +463,7 @@ class Lab:
 
     def container(self, site: str, service: str) -> tuple[lab.LabHost, str]:
         for host in (h for h in self.hosts if h.site == site):
-            out = lab.host_exec(host, "docker", "ps", "-q", "-f", f"name={site}_{service}.", check=False).stdout
+            out = lab.host_exec(host, "docker", "ps", "-q", *service_filter(site, service), check=False).stdout
             if out.split():
                 return host, out.split()[0]
         raise RuntimeError(f"no running container of {site}_{service}")

@@ -586,7 +586,8 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
 def cql(host: LabHost, site: str, query: str, node: int = 1) -> str:
     """Run CQL with cqlsh inside the site's cassandra-<node> container, which runs on `host`; returns
     its output."""
-    script = (f"c=$(docker ps -q -f name={site}_cassandra-{node}. | head -1); [ -n \"$c\" ] || exit 3; "
+    service = f"label=com.docker.swarm.service.name={site}_cassandra-{node}"
+    script = (f"c=$(docker ps -q -f {service} | head -1); [ -n \"$c\" ] || exit 3; "
               f"docker exec $c cqlsh -e \"{query}\"")
     return host_exec(host, "bash", "-c", script, check=False, timeout=60).stdout
 
