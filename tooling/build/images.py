@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tooling.build import artifacts, pins
+from tooling.build import artifacts, base, pins
 from tooling.build.progress import log
 
 INPUTS_LABEL = "org.iot-stack.inputs"
@@ -66,35 +66,31 @@ def _files(root: Path) -> list[Path]:
                   if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"))
 
 
-def _image_id(ref: str) -> str | None:
-    result = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], capture_output=True, text=True)
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
 def _label(ref: str) -> str | None:
     fmt = "{{ index .Config.Labels \"" + INPUTS_LABEL + "\" }}"
     result = subprocess.run(["docker", "image", "inspect", "-f", fmt, ref], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def build_args(pinned: pins.Pins) -> list[str]:
-    """--build-arg options every build gets: the Debian base, each parent image
-    as <NAME>_IMAGE (RUNTIME_IMAGE, JRE_IMAGE) and the image version."""
+def build_args(pinned: pins.Pins, base_id: str | None = None) -> list[str]:
+    """--build-arg options every build gets: the Debian base (by its recorded id, tooling/build/base.py;
+    its tag only without one), each parent image as <NAME>_IMAGE (RUNTIME_IMAGE, JRE_IMAGE) and the
+    image version."""
     parents = sorted({image.parent for image in IMAGES if image.parent})
-    args = [f"BASE_IMAGE={pinned.base_image}"]
+    args = [f"BASE_IMAGE={base_id or pinned.base_image}"]
     args += [f"{parent.upper().replace('-', '_')}_IMAGE={tag(parent, pinned)}" for parent in parents]
     args.append(f"IMAGE_VERSION={pinned.image_tag}")
     return [option for arg in args for option in ("--build-arg", arg)]
 
 
-def _parent_ref(image: Image, pinned: pins.Pins) -> str:
-    return tag(image.parent, pinned) if image.parent else pinned.base_image
+def _parent_ref(image: Image, pinned: pins.Pins, base_id: str | None = None) -> str:
+    return tag(image.parent, pinned) if image.parent else (base_id or pinned.base_image)
 
 
-def inputs_hash(image: Image, pinned: pins.Pins, lock_data: dict) -> str:
+def inputs_hash(image: Image, pinned: pins.Pins, lock_data: dict, base_id: str | None = None) -> str:
     """Everything that decides the image's content, hashed."""
     digest = hashlib.sha256()
-    parent_id = _image_id(_parent_ref(image, pinned))
+    parent_id = base.image_id(_parent_ref(image, pinned, base_id))
     if parent_id is None:
         raise SystemExit(f"parent image {_parent_ref(image, pinned)} of {image.name} is missing: "
                          "run `scripts/base-image` (or build the parent first)")
@@ -174,7 +170,8 @@ def stage(image: Image, lock_data: dict) -> Path:
 def build(image: Image, pinned: pins.Pins, lock_data: dict, index: int, total: int, force: bool = False) -> bool:
     """Build one image unless it is up to date. Returns True if it was built."""
     ref = tag(image.name, pinned)
-    wanted = inputs_hash(image, pinned, lock_data)
+    base_id = None if image.parent else base.base_ref(pinned)
+    wanted = inputs_hash(image, pinned, lock_data, base_id)
     if not force and _label(ref) == wanted:
         log("images", f"({index}/{total}) {ref} up to date")
         return False
@@ -183,7 +180,7 @@ def build(image: Image, pinned: pins.Pins, lock_data: dict, index: int, total: i
     context = stage(image, lock_data)
     logfile = artifacts.cache_dir() / "build" / f"{image.name}.log"
     cmd = ["docker", "build", "--network", "host",
-           *build_args(pinned),
+           *build_args(pinned, base_id),
            "--label", f"{INPUTS_LABEL}={wanted}",
            "-t", ref, str(context)]
     # The classic builder runs everywhere (BuildKit needs the buildx plugin).
