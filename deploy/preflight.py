@@ -128,7 +128,7 @@ def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict
     users        {variable name: the user name that logs in with it}, for the user-name check
     mqtt_users   stack_mqtt_users, {MQTT user: password}: each password, named with its user
     mqtt_devices stack_mqtt_devices, {device id: password}: the same, per device
-    webhook_url  stack_notifier_webhook_url: empty (no webhook) or an http(s) URL, no placeholder
+    webhook_url  stack_notifier_webhook_url: empty (no webhook) or an https URL, no placeholder
     spark_jobs   stack_spark.jobs, {tier: [job]}: no job may carry a secret in its plain env
 
     Each message names the variable (and the MQTT user), says why, and how to create a vaulted
@@ -152,8 +152,9 @@ def secret_refusals(passwords: dict, users: dict | None = None, mqtt_users: dict
     why = None
     if _letters_digits(PLACEHOLDER) in _letters_digits(url) or "<" in url or ">" in url:
         why = "is a placeholder"
-    elif url and not re.match(r"https?://[^/\s]+", url):
-        why = "must be an http:// or https:// URL (or empty: no webhook)"
+    elif url and not re.match(r"https://[^/\s]+", url):
+        # The URL carries the bot's token, and the messages name the site's faults: never in clear.
+        why = "must be an https:// URL (or empty: no webhook)"
     if why:
         refusals.append(_refusal("stack_notifier_webhook_url", why, "stack_notifier_webhook_url",
                                  "vault_notifier_webhook_url", WEBHOOK_EXAMPLE))

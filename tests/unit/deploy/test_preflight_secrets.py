@@ -104,7 +104,8 @@ def test_every_weak_secret_is_named_not_only_the_first():
 @pytest.mark.parametrize("url, why", [
     ("https://api.telegram.org/bot<token>/sendMessage", "is a placeholder"),
     ("https://example.org/change-me", "is a placeholder"),
-    ("api.telegram.org/bot123:abc/sendMessage", "must be an http:// or https:// URL (or empty: no webhook)"),
+    ("api.telegram.org/bot123:abc/sendMessage", "must be an https:// URL (or empty: no webhook)"),
+    ("http://api.telegram.org/bot123:abc/sendMessage", "must be an https:// URL (or empty: no webhook)"),
 ])
 def test_a_placeholder_or_malformed_webhook_url_is_refused(url, why):
     (message,) = refusals(webhook_url=url)
