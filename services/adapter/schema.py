@@ -187,8 +187,8 @@ def utc_day(epoch_ms: int) -> Day:
 
 
 def row_site(record: dict[str, Any], header_site: str | None, topic: str, default_site: str | None) -> str:
-    """The row's site by the one rule (services.common.site.resolve_site: the `site` header, else the
-    record's `site` field, else the '<site>.' topic prefix, else the default); RowError if there is none."""
+    """The row's site by the one rule (services.common.site.resolve_site: the '<site>.' prefix of a mirrored
+    topic, else the `site` header, else the record's `site` field, else the default); RowError if there is none."""
     site = resolve_site(header=header_site, field=record.get("site"), topic=topic, default=default_site)
     if not site:
         raise RowError(f"no site for a record on {topic}: no 'site' header or field, no '<site>.' topic "

@@ -58,11 +58,12 @@ def header(name: str) -> Column:
 def site_column(header: Column | None = None, field: Column | None = None, topic: Column | None = None,
                 default: str | None = None) -> Column:
     """services.common.site.resolve_site as a column (Spark cannot call Python per row without a UDF):
-    the same precedence (the `site` header, the record's site field, the '<site>.' prefix of a mirrored
-    topic, the default) and, as there, an empty string counts as absent."""
-    candidates = [F.nullif(c, F.lit("")) for c in (header, field) if c is not None]
+    the same precedence (the '<site>.' prefix of a mirrored topic, the `site` header, the record's site
+    field, the default) and, as there, an empty string counts as absent."""
+    candidates = []
     if topic is not None:
         candidates.append(F.when(F.instr(topic, ".") > 1, F.substring_index(topic, ".", 1)))
+    candidates += [F.nullif(c, F.lit("")) for c in (header, field) if c is not None]
     if default:
         candidates.append(F.lit(default))
     return F.coalesce(*candidates) if candidates else F.lit(None).cast("string")
@@ -72,8 +73,8 @@ def parse_readings(records: DataFrame, default_site: str) -> DataFrame:
     """Kafka records -> Kafka coordinates, original bytes, reading fields, celsius, site and `error`.
 
     `error` is null for a valid reading, else what is wrong (the dead-letter detail).
-    Site by the one rule (site_column): the bridge's `site` header, else the
-    '<site>.' topic prefix, else `default_site` (the SITE setting); readings have no site field.
+    Site by the one rule (site_column): the '<site>.' prefix of a mirrored topic, else the
+    bridge's `site` header, else `default_site` (the SITE setting); readings have no site field.
     """
     parsed = records.select(
         "key", "value", "headers", "topic", "partition", "offset",

@@ -70,17 +70,17 @@ def test_registration_row_is_partitioned_by_site_only():
     assert len(row.bind(5, lay.latency)) == len(lay.column_names)
 
 
-# The one site rule (services.common.site, tests/unit/common/test_site.py): the header the bridge wrote
-# wins over the record's own field. Until the rule was shared, the adapter let the field win
-# (first case: "from-record").
+# The one site rule (services.common.site, tests/unit/common/test_site.py): a mirrored topic's '<site>.' prefix
+# (the site the relay read it from) wins; at a site, the header the bridge wrote wins over the record's own field.
 @pytest.mark.parametrize(("record", "header", "topic", "default", "site"), [
-    ({"site": "from-record"}, "from-header", "pfx.topic", "dflt", "from-header"),
-    ({"site": "from-record"}, None, "pfx.topic", "dflt", "from-record"),
-    ({}, "from-header", "pfx.temperature-data", "dflt", "from-header"),
+    ({"site": "from-record"}, "from-header", "pfx.topic", "dflt", "pfx"),
+    ({"site": "from-record"}, "from-header", "temperature-data", "dflt", "from-header"),
+    ({"site": "from-record"}, None, "temperature-data", "dflt", "from-record"),
+    ({}, "site-b", "site-a.temperature-data", "dflt", "site-a"),
     ({}, None, "site-c.temperature-data", "dflt", "site-c"),
     ({}, None, "temperature-data", "dflt", "dflt"),
 ])
-def test_site_comes_from_header_then_record_then_topic_prefix_then_default(record, header, topic, default, site):
+def test_site_comes_from_topic_prefix_then_header_then_record_then_default(record, header, topic, default, site):
     assert row_site(record, header, topic, default) == site
 
 

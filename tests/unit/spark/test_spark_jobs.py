@@ -114,17 +114,18 @@ def test_dead_letters_are_what_the_python_builder_makes_of_the_same_records(spar
         shape(d.key, d.value, d.headers) for d in expected)
 
 
-def test_parse_readings_site_follows_the_one_rule_header_then_topic_prefix_then_setting(spark):
+def test_parse_readings_site_follows_the_one_rule_topic_prefix_then_header_then_setting(spark):
     good = {"sensor_id": "s1", "timestamp": 1000, "temperature": 20.0, "unit": "C"}
     cases = [("site-m.temperature-data", [("site", b"site-h")]), ("site-m.temperature-data", None),
-             ("site-m.temperature-data", [("site", b"")]), ("temperature-data", None), (".temperature-data", None)]
+             ("site-m.temperature-data", [("site", b"")]), ("temperature-data", None), (".temperature-data", None),
+             ("temperature-data", [("site", b"site-h")])]
     frames = [kafka_rows(spark, [good], topic=topic, headers=headers) for topic, headers in cases]
     parsed = readings.parse_readings(reduce(lambda a, b: a.unionByName(b), frames), default_site="site-a")
     got = sorted((r.topic, r.site) for r in parsed.collect())
     expected = [(topic, resolve_site(header=headers[0][1].decode() if headers else None, topic=topic,
                                      default="site-a")) for topic, headers in cases]
     assert got == sorted(expected)
-    assert sorted(site for _, site in expected) == ["site-a", "site-a", "site-h", "site-m", "site-m"]
+    assert sorted(site for _, site in expected) == ["site-a", "site-a", "site-h", "site-m", "site-m", "site-m"]
 
 
 # ------------------------------------------------------------------ detector

@@ -160,17 +160,19 @@ SITE_CASES = [   # (topic, headers, the event's site field)
     ("site-m.temperature-threshold-events", None, None),
     ("temperature-threshold-events", None, None),
     ("a.b.temperature-threshold-events", None, None),
+    ("temperature-threshold-events", [("site", b"site-h")], "site-f"),
+    ("temperature-threshold-events", None, "site-f"),
 ]
 
 
-def test_parse_events_site_follows_the_one_rule_header_field_topic_prefix_default(spark):
+def test_parse_events_site_follows_the_one_rule_topic_prefix_header_field_default(spark):
     frames = [records(spark, [{k: v for k, v in event(sensor_id=f"s{i}", site=field).items() if v is not None}],
                       topic=topic, headers=headers) for i, (topic, headers, field) in enumerate(SITE_CASES)]
     events = notifier.parse_events(reduce(lambda a, b: a.unionByName(b), frames), "datacenter").collect()
     got = [site for _, site in sorted((e.sensor_id, e.site) for e in events)]
     assert got == [resolve_site(header=headers[0][1].decode() if headers else None, field=field, topic=topic,
                                 default="datacenter") for topic, headers, field in SITE_CASES]
-    assert got == ["site-h", "site-f", "site-m", "site-m", "datacenter", "a"]
+    assert got == ["site-m", "site-m", "site-m", "site-m", "datacenter", "a", "site-h", "site-f"]
 
 
 @SPARK_POISON
