@@ -87,7 +87,8 @@ The current table is read from the topic's beginning up to its high watermarks, 
 Kafka login: on a site's overlay (INTERNAL) as KAFKA_USERNAME with the secret kafka_password
 (KAFKA_PASSWORD_FILE, else /run/secrets/kafka_password), none without KAFKA_USERNAME (a test cluster);
 with --external the same login over SASL_SSL to a site's EXTERNAL listener (host port 9094), the brokers'
-certificate checked against --ca-file.
+certificate checked against --ca-file, showing the operator's client certificate (--cert-file, --key-file),
+without which EXTERNAL refuses any login.
 
 stdout carries only JSON lines; warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka failed or
 the table does not allow it (an id that exists, an unknown id); 2 bad arguments or bad input.
@@ -391,10 +392,17 @@ def _say(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def kafka_security(external: bool, ca_file: str, password: str | None = None) -> dict[str, str]:
+# What --external's files are (a missing one is named with its flag).
+TLS_FILES = ("the CA that signed the brokers' certificates",
+             "the operator's client certificate, pki_dir/clients/operator.crt on the controller",
+             "the operator's client key, pki_dir/clients/operator.key")
+
+
+def kafka_security(external: bool, tls_files: tuple[str, str, str], password: str | None = None) -> dict[str, str]:
     """librdkafka login settings: SCRAM as KAFKA_USERNAME on INTERNAL (SASL_PLAINTEXT), or with --external
-    over SASL_SSL to EXTERNAL; the password is `password` (from --stdin-envelope) or the secret
-    kafka_password. No KAFKA_USERNAME: no login (a test cluster's plaintext INTERNAL)."""
+    over SASL_SSL to EXTERNAL with `tls_files` (--ca-file, --cert-file, --key-file: the brokers' CA, the
+    operator's client certificate and its key); the password is `password` (from --stdin-envelope) or the
+    secret kafka_password. No KAFKA_USERNAME: no login (a test cluster's plaintext INTERNAL)."""
     user = os.environ.get(kafka_auth.USERNAME_ENV, "").strip()
     if password is not None and not user:
         raise InputError(f"the envelope's kafka_password needs {kafka_auth.USERNAME_ENV} (whose password it is)")
@@ -404,9 +412,10 @@ def kafka_security(external: bool, ca_file: str, password: str | None = None) ->
     if login is None:
         raise InputError(f"--external needs a login: set {kafka_auth.USERNAME_ENV} (and the secret "
                          f"{kafka_auth.PASSWORD_SECRET}: {kafka_auth.PASSWORD_SECRET.upper()}_FILE)")
-    if not Path(ca_file).is_file():
-        raise InputError(f"--ca-file {ca_file} not found (the CA that signed the brokers' certificates)")
-    return kafka_auth.sasl_ssl_config(*login, ca_file)
+    for flag, path, what in zip(("--ca-file", "--cert-file", "--key-file"), tls_files, TLS_FILES, strict=True):
+        if not Path(path).is_file():
+            raise InputError(f"{flag} {path} not found ({what})")
+    return kafka_auth.sasl_ssl_config(*login, *tls_files)
 
 
 def parse_envelope(text: str) -> tuple[str, str]:
@@ -723,6 +732,11 @@ OPTIONS: tuple[settings.Option, ...] = (
                     "log in over SASL_SSL to the site's EXTERNAL listener (KAFKA_USERNAME, kafka_password)", bool),
     settings.Option("ca_file", "DEVICES_CA_FILE", "/run/secrets/kafka_ca.pem",
                     "CA certificate (PEM) that signed the brokers' certificates, with --external"),
+    # EXTERNAL asks for a client certificate of the clients CA (mutual TLS): the operator's, from the pki role.
+    settings.Option("cert_file", "DEVICES_CERT_FILE", "/run/secrets/kafka_client.crt",
+                    "client certificate (PEM) of the clients CA, with --external (pki_dir/clients/operator.crt)"),
+    settings.Option("key_file", "DEVICES_KEY_FILE", "/run/secrets/kafka_client.key",
+                    "its private key (PEM), with --external (pki_dir/clients/operator.key)"),
     settings.Option("timeout", "DEVICES_TIMEOUT_S", 30.0, "seconds to wait for Kafka to read or write", float),
     settings.Option("stdin_envelope", "DEVICES_STDIN_ENVELOPE", False,
                     'stdin is {"kafka_password": ..., "input": ...}: the Kafka password of KAFKA_USERNAME and '
@@ -789,7 +803,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         password, stdin = parse_envelope(sys.stdin.read()) if args.stdin_envelope else (None, None)
-        ctx = Context(args, kafka_security(args.external, args.ca_file, password), stdin)
+        tls_files = (args.ca_file, args.cert_file, args.key_file)
+        ctx = Context(args, kafka_security(args.external, tls_files, password), stdin)
         return COMMANDS[args.command][0](ctx)
     except (InputError, CredentialError, settings.SettingsError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)

@@ -130,13 +130,18 @@ def produce(bootstrap: str, records: dict[str, list[dict]], timeout: float = 30.
 OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("bootstrap_servers", "REGISTRAR_BOOTSTRAP_SERVERS", None,
                     "Kafka bootstrap servers, e.g. kafka-1:9092", required=True),
-    # A site's EXTERNAL listener (host port 9094) takes SCRAM logins over TLS only; its password is
+    # A site's EXTERNAL listener (host port 9094) takes SCRAM logins over mutual TLS only; its password is
     # the secret kafka_password (KAFKA_PASSWORD_FILE or /run/secrets/kafka_password).
     settings.Option("kafka_user", "REGISTRAR_KAFKA_USER", "",
                     "SCRAM user for a site's EXTERNAL listener (SASL_SSL); empty: plaintext "
                     "(INTERNAL, on the overlay)"),
     settings.Option("kafka_ca_file", "REGISTRAR_KAFKA_CA_FILE", "/run/secrets/kafka_ca.pem",
                     "CA certificate (PEM) that signed the brokers' certificates, with --kafka-user"),
+    # EXTERNAL asks for a client certificate of the clients CA (mutual TLS): the operator's, from the pki role.
+    settings.Option("kafka_cert_file", "REGISTRAR_KAFKA_CERT_FILE", "/run/secrets/kafka_client.crt",
+                    "client certificate (PEM) of the clients CA, with --kafka-user (pki_dir/clients/operator.crt)"),
+    settings.Option("kafka_key_file", "REGISTRAR_KAFKA_KEY_FILE", "/run/secrets/kafka_client.key",
+                    "its private key (PEM), with --kafka-user (pki_dir/clients/operator.key)"),
 )
 FLEET_OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("site", "REGISTRAR_SITE", None, "site alias, as given to iot-simulator --site", required=True),
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         security = kafka_auth.internal_config() or None
         if args.kafka_user:
             password = settings.secret("kafka_password", required=True)
-            security = kafka_auth.sasl_ssl_config(args.kafka_user, password, args.kafka_ca_file)
+            security = kafka_auth.sasl_ssl_config(args.kafka_user, password, args.kafka_ca_file,
+                                                  args.kafka_cert_file, args.kafka_key_file)
         count = produce(args.bootstrap_servers, records, security=security)
     except (RegistryError, ValueError) as err:  # SettingsError is a ValueError
         print(f"iot-registrar: {err}", file=sys.stderr)

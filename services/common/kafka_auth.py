@@ -1,8 +1,10 @@
 """How a client logs in to a site's Kafka. One place for every client of either listener.
 
-- EXTERNAL (host port 9094): SASL_SSL with a SCRAM-SHA-512 login, the broker's certificate checked
-  against the deployment's CA and its name against the address dialled (operators' tools, the
-  registrar, the lab): sasl_ssl_config.
+- EXTERNAL (host port 9094): SASL_SSL with a SCRAM-SHA-512 login and a client certificate (mutual TLS). The
+  broker's certificate is checked against the deployment's CA and its name against the address dialled; the
+  broker asks for a certificate from the deployment's clients CA, which the pki role issues only to the
+  principals that belong outside a site (the datacenter's relay, the operator), so a service's password read
+  off a node opens nothing from the factory network (docs/security.md): sasl_ssl_config.
 - INTERNAL (the site's overlay, 9092): SASL_PLAINTEXT with SCRAM-SHA-512, each service as its own
   principal, whose ACLs allow only what that service does (docs/security.md): internal_config reads
   the login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE, else
@@ -26,8 +28,9 @@ USERNAME_ENV = USERNAME.env
 PASSWORD_SECRET = PASSWORD.name
 
 
-def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str]:
-    """librdkafka settings for a login to a site's EXTERNAL listener."""
+def sasl_ssl_config(username: str, password: str, ca_file: str, cert_file: str, key_file: str) -> dict[str, str]:
+    """librdkafka settings for a login to a site's EXTERNAL listener: the SCRAM login, the CA that signed the
+    brokers' certificates, and this client's certificate (PEM, from the clients CA) and its key."""
     return {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": MECHANISM,
@@ -36,6 +39,8 @@ def sasl_ssl_config(username: str, password: str, ca_file: str) -> dict[str, str
         "ssl.ca.location": ca_file,
         # Also librdkafka's default since 2.0; stated, as it is what makes the certificate's name count.
         "ssl.endpoint.identification.algorithm": "https",
+        "ssl.certificate.location": cert_file,
+        "ssl.key.location": key_file,
     }
 
 

@@ -1,4 +1,5 @@
-"""A broker secured as at a site (EXTERNAL: SASL_SSL, SCRAM-SHA-512, the ACL authorizer; INTERNAL on the
+"""A broker secured as at a site (EXTERNAL: SASL_SSL, SCRAM-SHA-512, client certificates of the clients CA, the
+ACL authorizer; INTERNAL on the
 test network) and iot-kafka-access from the services image, as the stack role runs it, over INTERNAL.
 Clients from the host reach EXTERNAL as a machine on a factory network would."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ import json
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -55,7 +57,7 @@ def relay(lab, cluster):
     first = access(lab, cluster, {RELAY: RELAY_PASSWORD, OPERATOR[0]: OPERATOR[1]}, RELAY_ACLS)
     assert first["users_created"] == [RELAY]          # the operator exists already (the testbed made it)
     assert len(first["acls_created"]) == 4 and first["acls_deleted"] == []
-    return kafka_auth.sasl_ssl_config(RELAY, RELAY_PASSWORD, cluster.ca_file)
+    return cluster.login(RELAY, RELAY_PASSWORD, cert="relay")
 
 
 def read_all(config: dict, topic: str, seconds: float = 20) -> tuple[list, list[KafkaError]]:
@@ -90,15 +92,48 @@ def test_plaintext_client_is_refused(cluster):
 def test_unknown_user_and_wrong_password_are_refused(cluster, relay):
     for user, password in (("nobody", OPERATOR[1]), (OPERATOR[0], "a-wrong-password-123"), (RELAY, "wrong-relay-pw")):
         errors = metadata_errors({"bootstrap.servers": cluster.external,
-                                  **kafka_auth.sasl_ssl_config(user, password, cluster.ca_file)})
+                                  **cluster.login(user, password)})
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), (user, errors)
 
 
 def test_a_client_that_does_not_trust_the_ca_is_refused(cluster, tmp_path):
     other_ca = make_pki(tmp_path, "elsewhere")
     errors = metadata_errors({"bootstrap.servers": cluster.external,
-                              **kafka_auth.sasl_ssl_config(*OPERATOR, str(other_ca))})
+                              **kafka_auth.sasl_ssl_config(*OPERATOR, str(other_ca), *cluster.client_cert())})
     assert any(e.code() == KafkaError._SSL for e in errors), errors
+
+
+# Mutual TLS on EXTERNAL (issue 30): a SCRAM login, a super user's included, needs a client certificate of the
+# clients CA, which the pki role issues to the relay and the operator only. Before it, these logins were accepted.
+def test_a_right_login_without_a_client_certificate_is_refused(cluster):
+    login = cluster.login(*OPERATOR)
+    del login["ssl.certificate.location"], login["ssl.key.location"]
+    errors = metadata_errors({"bootstrap.servers": cluster.external, **login})
+    assert errors and all(e.code() != KafkaError._AUTHENTICATION for e in errors), errors   # refused before SCRAM
+
+
+def test_a_client_certificate_of_another_ca_is_refused(cluster):
+    """`other` is a clientAuth certificate of the brokers' own CA: a server's key on a site node could sign
+    nothing that EXTERNAL accepts."""
+    errors = metadata_errors({"bootstrap.servers": cluster.external, **cluster.login(*OPERATOR, cert="other")})
+    assert errors, "a certificate of the brokers' CA opened EXTERNAL"
+
+
+def test_a_java_client_logs_in_with_a_pem_keystore_as_mirrormaker_does(lab, cluster, relay):
+    """The relay's settings of mm2.properties.j2 (PEM keystore: key then certificate; PEM truststore), by
+    Kafka's own Java client from the kafka image, on the host's network where EXTERNAL is advertised."""
+    config = "\n".join([
+        "security.protocol=SASL_SSL", "sasl.mechanism=SCRAM-SHA-512",
+        "sasl.jaas.config=" + kafka_auth.properties_value(kafka_auth.jaas_config(RELAY, RELAY_PASSWORD)),
+        "ssl.truststore.type=PEM", "ssl.truststore.location=/etc/kafka-pki/ca.crt",
+        "ssl.keystore.type=PEM", "ssl.keystore.location=/etc/kafka-pki/relay-keystore.pem", ""])
+    (Path(cluster.pki) / "relay.properties").write_text(config)
+    (Path(cluster.pki) / "relay.properties").chmod(0o644)
+    command = ["docker", "run", "--rm", "--network", "host", "-v", f"{cluster.pki}:/etc/kafka-pki:ro",
+               image("kafka"), "kafka-topics", "--bootstrap-server", cluster.external,
+               "--command-config", "/etc/kafka-pki/relay.properties", "--list"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and result.stdout.split() == [RELAYED], result.stdout + result.stderr
 
 
 def test_relay_reads_the_relayed_topic_only_and_writes_nothing(cluster, relay):
@@ -143,7 +178,7 @@ def test_rotate_sets_the_password_again(lab, cluster, relay):
     assert result["users_updated"] == [RELAY] and result["users_created"] == []
     old_login = {"bootstrap.servers": cluster.external, **relay}
     assert any(e.code() == KafkaError._AUTHENTICATION for e in metadata_errors(old_login))
-    new_login = {"bootstrap.servers": cluster.external, **kafka_auth.sasl_ssl_config(RELAY, new, cluster.ca_file)}
+    new_login = {"bootstrap.servers": cluster.external, **cluster.login(RELAY, new, cert="relay")}
     assert metadata_errors(new_login) == []
 
 

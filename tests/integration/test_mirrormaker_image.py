@@ -1,9 +1,12 @@
 """MirrorMaker 2 from the kafka image copies a site's topic to the datacenter under the site prefix, reading
-the site as the stacks do: over its EXTERNAL listener (SASL_SSL, SCRAM) as the relay principal, which has
-only the ACLs the relay_acls filter renders from the inventory. At the datacenter it logs in as its own
+the site as the stacks do: over its EXTERNAL listener (SASL_SSL, SCRAM, the relay's client certificate) as
+the relay principal, which has only the ACLs the relay_acls filter renders from the inventory. At the
+datacenter it logs in as its own
 principal, with only the ACLs the stack role renders for it (kafka-services.yml.j2, service_acls), and
 delivers exactly once there (transactions) under them."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import yaml
@@ -34,6 +37,10 @@ def clusters(lab, tmp_path_factory):
     config_dir.chmod(0o755)
     (config_dir / "ca.pem").write_bytes(open(site.ca_file, "rb").read())
     (config_dir / "dc-ca.pem").write_bytes(open(datacenter.ca_file, "rb").read())
+    # The relay's client certificate (mutual TLS on EXTERNAL, pki role's clients CA); at the datacenter, which
+    # the test reaches on EXTERNAL too, a certificate of that cluster's clients CA.
+    (config_dir / "relay-keystore.pem").write_bytes((Path(site.pki) / "relay-keystore.pem").read_bytes())
+    (config_dir / "dc-keystore.pem").write_bytes((Path(datacenter.pki) / "relay-keystore.pem").read_bytes())
     # The site's EXTERNAL listener, as mm2.properties.j2 renders it. Its broker advertises the host's
     # 127.0.0.1:<port> (the name its certificate carries), so MirrorMaker runs in the host's network
     # and reaches the datacenter's broker on its host port too.
@@ -46,12 +53,16 @@ site-a.sasl.mechanism = SCRAM-SHA-512
 site-a.sasl.jaas.config = {scram_jaas_config(*RELAY)}
 site-a.ssl.truststore.type = PEM
 site-a.ssl.truststore.location = /etc/mirrormaker/ca.pem
+site-a.ssl.keystore.type = PEM
+site-a.ssl.keystore.location = /etc/mirrormaker/relay-keystore.pem
 datacenter.bootstrap.servers = {datacenter.external}
 datacenter.security.protocol = SASL_SSL
 datacenter.sasl.mechanism = SCRAM-SHA-512
 datacenter.sasl.jaas.config = {scram_jaas_config(*MIRRORMAKER)}
 datacenter.ssl.truststore.type = PEM
 datacenter.ssl.truststore.location = /etc/mirrormaker/dc-ca.pem
+datacenter.ssl.keystore.type = PEM
+datacenter.ssl.keystore.location = /etc/mirrormaker/dc-keystore.pem
 site-a->datacenter.enabled = true
 site-a->datacenter.topics = {TOPIC}
 datacenter->site-a.enabled = false
@@ -64,7 +75,7 @@ offset-syncs.topic.location = target
 datacenter.exactly.once.source.support = enabled
 dedicated.mode.enable.internal.rest = true
 """)
-    for name in ("mm2.properties", "ca.pem", "dc-ca.pem"):
+    for name in ("mm2.properties", "ca.pem", "dc-ca.pem", "relay-keystore.pem", "dc-keystore.pem"):
         (config_dir / name).chmod(0o644)
     name = f"{lab.network}-mirrormaker"
     docker("run", "-d", "--name", name, "--network", "host", "--memory", "1g", "-e", "MM2_CLUSTERS=datacenter",

@@ -1,5 +1,6 @@
 """A site's Kafka from the lab network, as any machine on a factory network reaches it: its EXTERNAL
-listener (host port 9094) takes only SCRAM logins over TLS, and the datacenter relay's principal
+listener (host port 9094) takes only SCRAM logins over mutual TLS (a client certificate of the clients CA,
+which only the relay and the operator have), and the datacenter relay's principal
 may only read the relayed topics (docs/security.md). On the site's overlay, INTERNAL takes only the
 site's principals, each held to its service's ACLs. MirrorMaker still delivering every relayed
 record over it is shown by test_2_end_to_end (events at the datacenter) and the fault suite's
@@ -30,7 +31,8 @@ def bootstrap(lab_hosts) -> str:
 
 def _relay(bootstrap: str, **config: object) -> dict:
     return {"bootstrap.servers": bootstrap, **config,
-            **kafka_auth.sasl_ssl_config(RELAY_USER, lab.secret("kafka_relay"), str(lab.pki_dir() / "ca.crt"))}
+            **kafka_auth.sasl_ssl_config(RELAY_USER, lab.secret("kafka_relay"), str(lab.pki_dir() / "ca.crt"),
+                                         *lab.client_cert("relay"))}
 
 
 def test_a_plaintext_client_is_refused(bootstrap):
@@ -41,8 +43,34 @@ def test_a_plaintext_client_is_refused(bootstrap):
 def test_a_wrong_password_and_an_unknown_user_are_refused(bootstrap):
     ca = str(lab.pki_dir() / "ca.crt")
     for user, password in (("operator", "not-the-operators-password"), ("nobody", lab.secret("kafka_operator"))):
-        errors = metadata_errors({"bootstrap.servers": bootstrap, **kafka_auth.sasl_ssl_config(user, password, ca)})
+        errors = metadata_errors({"bootstrap.servers": bootstrap,
+                                  **kafka_auth.sasl_ssl_config(user, password, ca, *lab.client_cert())})
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), (user, errors)
+
+
+def test_no_sites_principal_logs_in_on_external_without_a_client_certificate(bootstrap):
+    """Issue 30: the right passwords of the site's principals (admin, a super user; bridge; threshold-detector; ...)
+    and the operator's, read off a node, opened 9094 from the factory network. EXTERNAL now asks for a client
+    certificate of the clients CA first."""
+    ca = str(lab.pki_dir() / "ca.crt")
+    logins = {path.name.removeprefix("kafka-").removesuffix(".password"): path.read_text().strip()
+              for path in (lab.pki_dir() / SITE).glob("kafka-*.password")}
+    assert {"admin", "bridge", "threshold-detector"} <= set(logins), sorted(logins)
+    logins["operator"] = lab.secret("kafka_operator")
+    for user, password in sorted(logins.items()):
+        login = kafka_auth.sasl_ssl_config(user, password, ca, *lab.client_cert())
+        del login["ssl.certificate.location"], login["ssl.key.location"]
+        errors = metadata_errors({"bootstrap.servers": bootstrap, **login})
+        assert errors, f"{user}'s login without a client certificate got the site's metadata"
+
+
+def test_a_servers_certificate_is_no_client_certificate(bootstrap):
+    """Mosquitto's key and certificate sit on the site's mqtt node; the deployment's CA signed them. They open
+    nothing on EXTERNAL: its clients must show a certificate of the clients CA."""
+    site = lab.pki_dir() / SITE
+    login = kafka_auth.sasl_ssl_config("operator", lab.secret("kafka_operator"), str(lab.pki_dir() / "ca.crt"),
+                                       str(site / "mosquitto.crt"), str(site / "mosquitto.key"))
+    assert metadata_errors({"bootstrap.servers": bootstrap, **login}), "a server's certificate opened EXTERNAL"
 
 
 def test_the_operator_with_the_right_password_gets_in(bootstrap):

@@ -23,8 +23,9 @@ BATCH, EVERY_S = 50, 3.0
 
 def served_certificate(address: str) -> x509.Certificate:
     """The certificate the broker's EXTERNAL listener presents, verified against the lab's CA and for
-    its address, as a client on the factory network checks it."""
+    its address, as the operator's client on the factory network checks it."""
     context = ssl.create_default_context(cafile=str(lab.pki_dir() / "ca.crt"))
+    context.load_cert_chain(*lab.client_cert())    # EXTERNAL asks for one (mutual TLS)
     with socket.create_connection((address, 9094), timeout=15) as sock, \
             context.wrap_socket(sock, server_hostname=address) as tls:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))

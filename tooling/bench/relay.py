@@ -64,7 +64,10 @@ def _mm2_properties(site: KafkaCluster, datacenter: KafkaCluster, alias: str, se
     if secure:
         lines += [f"{alias}.security.protocol = SASL_SSL", f"{alias}.sasl.mechanism = SCRAM-SHA-512",
                   f"{alias}.sasl.jaas.config = {scram_jaas_config(*RELAY)}",
-                  f"{alias}.ssl.truststore.type = PEM", f"{alias}.ssl.truststore.location = /etc/mirrormaker/ca.pem"]
+                  f"{alias}.ssl.truststore.type = PEM", f"{alias}.ssl.truststore.location = /etc/mirrormaker/ca.pem",
+                  # the relay's client certificate: EXTERNAL asks for one (mutual TLS), as at a site
+                  f"{alias}.ssl.keystore.type = PEM",
+                  f"{alias}.ssl.keystore.location = /etc/mirrormaker/relay-keystore.pem"]
     return "\n".join(lines) + "\n"
 
 
@@ -75,6 +78,7 @@ def _start_mirrormaker(lab: Lab, site: KafkaCluster, properties: str, alias: str
     (config_dir / "mm2.properties").write_text(properties)
     if site.ca_file:
         (config_dir / "ca.pem").write_bytes(Path(site.ca_file).read_bytes())
+        (config_dir / "relay-keystore.pem").write_bytes((Path(site.pki) / "relay-keystore.pem").read_bytes())
     for path in config_dir.iterdir():
         path.chmod(0o644)
     name = f"{lab.network}-mm-{alias}"

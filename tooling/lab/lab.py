@@ -236,7 +236,7 @@ def register_sensors(site: str, device: str, sensor_ids: Iterable[str], wait_s: 
     EXTERNAL listener, then wait `wait_s` for the bridge to read them: a reading of a sensor that is not
     registered to its device goes to dead-letter. `bootstrap` (host:9094) saves looking the site up."""
     from services.commands import fleet, registrar
-    from services.common import contracts, kafka_auth, names
+    from services.common import contracts, names
     if bootstrap is None:
         managers = site_managers(existing_hosts())
         if site not in managers:
@@ -252,7 +252,7 @@ def register_sensors(site: str, device: str, sensor_ids: Iterable[str], wait_s: 
             "sensor_id": sensor, "name": f"Lab sensor {sensor}", "device_id": device, "sensor_type_id": type_id})
             for sensor in sensor_ids],
     }
-    security = kafka_auth.sasl_ssl_config(KAFKA_OPERATOR_USER, secret("kafka_operator"), str(pki_dir() / "ca.crt"))
+    security = operator_login()
     try:
         registrar.produce(bootstrap, records, security=security)
     except registrar.RegistryError as err:
@@ -289,12 +289,23 @@ def pki_dir() -> Path:
     return lab_dir() / "pki"
 
 
+def client_cert(name: str = "operator") -> tuple[str, str]:
+    """(certificate, key) of a client of EXTERNAL (the pki role's clients CA issues them: operator, relay)."""
+    return str(pki_dir() / "clients" / f"{name}.crt"), str(pki_dir() / "clients" / f"{name}.key")
+
+
+def operator_login() -> dict[str, str]:
+    """confluent-kafka settings of the operator's login to a site's EXTERNAL listener: SCRAM over SASL_SSL,
+    the brokers checked against the lab's CA, the operator's client certificate shown (mutual TLS)."""
+    from services.common import kafka_auth
+    return kafka_auth.sasl_ssl_config(KAFKA_OPERATOR_USER, secret("kafka_operator"), str(pki_dir() / "ca.crt"),
+                                      *client_cert())
+
+
 def kafka_client(bootstrap: str, **config: object) -> dict:
     """confluent-kafka settings for a site's EXTERNAL listener as the operator's principal (SASL_SSL,
-    the lab's CA), as an operator's tool on the factory network reaches it."""
-    from services.common import kafka_auth
-    return {"bootstrap.servers": bootstrap, **config,
-            **kafka_auth.sasl_ssl_config(KAFKA_OPERATOR_USER, secret("kafka_operator"), str(pki_dir() / "ca.crt"))}
+    the lab's CA, the operator's client certificate), as an operator's tool on the factory network reaches it."""
+    return {"bootstrap.servers": bootstrap, **config, **operator_login()}
 
 
 def ssh_key() -> Path:
@@ -561,8 +572,11 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
     kafka_dir.mkdir(exist_ok=True)
     (kafka_dir / "kafka_password").write_text(secret("kafka_operator"))
     shutil.copyfile(pki_dir() / "ca.crt", kafka_dir / "kafka_ca.pem")
+    cert, key = client_cert()
+    shutil.copyfile(cert, kafka_dir / "kafka_client.crt")
+    shutil.copyfile(key, kafka_dir / "kafka_client.key")
     os.chmod(kafka_dir, 0o755)
-    for name in ("kafka_password", "kafka_ca.pem"):
+    for name in ("kafka_password", "kafka_ca.pem", "kafka_client.crt", "kafka_client.key"):
         os.chmod(kafka_dir / name, 0o644)  # the container's uid 1000 reads them
     for site, host in site_managers(hosts).items():
         if site == "datacenter" or (sites and site not in sites):

@@ -2,8 +2,9 @@
 
 Plain clusters open both listeners without TLS or logins (KAFKA_EXTERNAL_PLAINTEXT=1 and
 KAFKA_INTERNAL_PLAINTEXT=1: tests on one machine only). A secure one is set up as the stacks set up a
-site: a throw-away CA and a broker certificate naming 127.0.0.1 (the host's address of it), EXTERNAL
-SASL_SSL and INTERNAL SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
+site: a throw-away CA and a broker certificate naming 127.0.0.1 (the host's address of it), a clients CA
+and the operator's and the relay's client certificates, EXTERNAL SASL_SSL with mutual TLS and INTERNAL
+SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
 principal and the admin's, which the broker writes into ZooKeeper as it starts; and the operator's
 SCRAM user. All three are super users."""
 from __future__ import annotations
@@ -38,46 +39,87 @@ class KafkaCluster:
     ca_file: str = ""                                      # secure clusters: the CA the broker's certificate chains to
     operator: tuple[str, str] = field(default=("", ""))    # secure clusters: the super user's name and password
     admin: tuple[str, str] = field(default=("", ""))       # secure clusters: the admin tools' login on INTERNAL
+    pki: str = ""                                          # secure clusters: make_pki's directory
+
+    def client_cert(self, name: str = "operator") -> tuple[str, str]:
+        """(certificate, key) files of a client certificate make_pki issued (operator, relay)."""
+        return f"{self.pki}/{name}.crt", f"{self.pki}/{name}.key"
+
+    def login(self, user: str, password: str, cert: str = "operator") -> dict[str, str]:
+        """EXTERNAL settings of a SCRAM login with the client certificate `cert`."""
+        return kafka_auth.sasl_ssl_config(user, password, self.ca_file, *self.client_cert(cert))
 
     def client(self, **config: object) -> dict:
         """Settings of a host client of EXTERNAL (as the operator on a secure cluster)."""
-        security = kafka_auth.sasl_ssl_config(*self.operator, self.ca_file) if self.ca_file else {}
+        security = self.login(*self.operator) if self.ca_file else {}
         return {"bootstrap.servers": self.external, **config, **security}
 
 
-def make_pki(directory: Path, broker: str) -> Path:
-    """A CA and the broker's key and certificate (SAN 127.0.0.1 and its container name) in `directory`:
-    ca.crt, and keystore.pem (PKCS#8 key, certificate, CA) as the pki role writes it. Returns the CA."""
+def _ca(name: str):
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import NameOID
 
     now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "iot-stack test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-          .not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, broker)])).issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName(broker)]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def _issue(ca, name: str, usage, sans=()):
+    """(key, certificate) of `name` from `ca` (key, certificate), for `usage` (an ExtendedKeyUsageOID)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key, ca_cert = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
+               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def make_pki(directory: Path, broker: str) -> Path:
+    """As the pki role writes them, in `directory`: a CA and the broker's key and certificate (SAN 127.0.0.1
+    and its container name): ca.crt, keystore.pem (PKCS#8 key, certificate, CA); a clients CA (clients-ca.crt)
+    and client certificates from it for the operator and the relay (<name>.crt, <name>.key, and
+    <name>-keystore.pem for Java clients); other.crt/other.key, a client certificate of the broker's CA (not
+    the clients CA). Returns the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     pem = serialization.Encoding.PEM
-    ca_pem = ca.public_bytes(pem)
-    (directory / "ca.crt").write_bytes(ca_pem)
-    (directory / "keystore.pem").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        + cert.public_bytes(pem) + ca_pem)
+
+    def key_pem(key) -> bytes:
+        return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+    ca, clients_ca = _ca("iot-stack test CA"), _ca("iot-stack test clients CA")
+    key, cert = _issue(ca, broker, ExtendedKeyUsageOID.SERVER_AUTH,
+                       (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(broker)))
+    ca_pem, clients_ca_pem = ca[1].public_bytes(pem), clients_ca[1].public_bytes(pem)
+    files = {"ca.crt": ca_pem, "clients-ca.crt": clients_ca_pem,
+             "keystore.pem": key_pem(key) + cert.public_bytes(pem) + ca_pem}
+    for name, issuer in (("operator", clients_ca), ("relay", clients_ca), ("other", ca)):
+        client_key, client_cert = _issue(issuer, name, ExtendedKeyUsageOID.CLIENT_AUTH)
+        files |= {f"{name}.crt": client_cert.public_bytes(pem), f"{name}.key": key_pem(client_key),
+                  f"{name}-keystore.pem": key_pem(client_key) + client_cert.public_bytes(pem)}
     directory.chmod(0o755)
-    for name in ("ca.crt", "keystore.pem"):
+    for name, content in files.items():
+        (directory / name).write_bytes(content)
         (directory / name).chmod(0o644)    # the container's uid 1000 reads them
     return directory / "ca.crt"
 
@@ -98,7 +140,7 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
     }
-    volumes, ca_file, admin = {}, "", ("", "")
+    volumes, ca_file, admin, pki = {}, "", ("", ""), None
     if operator:
         pki = Path(tempfile.mkdtemp(prefix="kafka-pki-"))
         ca_file = str(make_pki(pki, broker))
@@ -110,7 +152,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
             (pki / name).write_text(text + "\n")
             (pki / name).chmod(0o644)    # the container's uid 1000 reads them
         volumes = {str(pki): "/etc/kafka-pki:ro"}
-        env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem", "KAFKA_OPERATOR_USER": operator[0],
+        env |= {"KAFKA_EXTERNAL_KEYSTORE_FILE": "/etc/kafka-pki/keystore.pem",
+                "KAFKA_EXTERNAL_CLIENT_CA_FILE": "/etc/kafka-pki/clients-ca.crt", "KAFKA_OPERATOR_USER": operator[0],
                 "KAFKA_INTERNAL_USER": "broker", "KAFKA_INTERNAL_PASSWORD_FILE": "/etc/kafka-pki/broker.password",
                 "KAFKA_INTERNAL_JAAS_FILE": "/etc/kafka-pki/broker.jaas",
                 "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password"}
@@ -118,7 +161,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
     lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env=env, volumes=volumes)
-    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin)
+    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin,
+                           str(pki or ""))
 
     def broker_registered() -> bool:
         metadata = AdminClient(cluster.client()).list_topics(timeout=5)

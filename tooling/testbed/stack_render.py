@@ -92,7 +92,8 @@ def site_files(tier: str, topology: dict, variables: dict) -> dict:
     """Stand-ins (content "c" or "s") for the site's files, named as vars/main.yml __stack_site_files names
     them: the tier's and monitoring's, the pki role's, and one Kafka password per principal."""
     declared, monitoring = stack_vars()["__stack_files"][tier], stack_vars()["__stack_monitoring_files"]
-    pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca"]
+    pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca", "kafka_clients_ca"]
+    pki += ["kafka_relay_keystore"] if tier == "datacenter" else []
     pki += ["prometheus_tls_cert", "prometheus_tls_key"]
     pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
     pki += ["spark_auth_secret"]

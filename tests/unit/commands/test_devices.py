@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -242,12 +243,12 @@ def test_a_bad_envelope_is_refused(text):
 def test_the_envelope_password_logs_in_as_kafka_username(monkeypatch):
     monkeypatch.setenv("KAFKA_USERNAME", "operator")
     monkeypatch.setenv("KAFKA_PASSWORD_FILE", "/nonexistent")       # not read: the envelope has the password
-    config = devices.kafka_security(False, "", "from-stdin")
+    config = devices.kafka_security(False, ("", "", ""), "from-stdin")
     assert (config["security.protocol"], config["sasl.username"], config["sasl.password"]) == \
         ("SASL_PLAINTEXT", "operator", "from-stdin")
     monkeypatch.delenv("KAFKA_USERNAME")
     with pytest.raises(devices.InputError, match="needs KAFKA_USERNAME"):
-        devices.kafka_security(False, "", "from-stdin")
+        devices.kafka_security(False, ("", "", ""), "from-stdin")
 
 
 # ------------------------------------------------------------------ certificates
@@ -340,12 +341,18 @@ def test_external_without_a_login_says_what_to_set(capsys, monkeypatch):
     assert "KAFKA_USERNAME" in capsys.readouterr().err
 
 
-def test_external_logs_in_with_sasl_ssl(tmp_path, monkeypatch):
+def test_external_logs_in_with_sasl_ssl_and_the_operators_client_certificate(tmp_path, monkeypatch):
     (tmp_path / "pw").write_text("secret\n")
-    (tmp_path / "ca.pem").write_text("CA")
+    files = tuple(str(tmp_path / name) for name in ("ca.pem", "operator.crt", "operator.key"))
+    for path in files:
+        Path(path).write_text("PEM")
     monkeypatch.setenv("KAFKA_USERNAME", "operator")
     monkeypatch.setenv("KAFKA_PASSWORD_FILE", str(tmp_path / "pw"))
-    config = devices.kafka_security(True, str(tmp_path / "ca.pem"))
+    config = devices.kafka_security(True, files)
     assert config["security.protocol"] == "SASL_SSL" and config["sasl.username"] == "operator"
-    assert config["sasl.password"] == "secret" and config["ssl.ca.location"] == str(tmp_path / "ca.pem")
-    assert devices.kafka_security(False, "")["security.protocol"] == "SASL_PLAINTEXT"
+    assert config["sasl.password"] == "secret" and config["ssl.ca.location"] == files[0]
+    assert (config["ssl.certificate.location"], config["ssl.key.location"]) == files[1:]
+    assert devices.kafka_security(False, ("", "", ""))["security.protocol"] == "SASL_PLAINTEXT"
+    Path(files[1]).unlink()
+    with pytest.raises(devices.InputError, match="--cert-file .* not found .*clients/operator.crt"):
+        devices.kafka_security(True, files)

@@ -8,12 +8,15 @@ from services.common.settings import SettingsError
 from spark.iot_jobs import runtime
 
 
-def test_sasl_ssl_config_logs_in_with_scram_and_verifies_the_broker():
-    config = kafka_auth.sasl_ssl_config("operator", "pw", "/run/secrets/kafka_ca.pem")
+def test_sasl_ssl_config_logs_in_with_scram_verifies_the_broker_and_shows_a_client_certificate():
+    config = kafka_auth.sasl_ssl_config("operator", "pw", "/run/secrets/kafka_ca.pem",
+                                        "/run/secrets/kafka_client.crt", "/run/secrets/kafka_client.key")
     assert config == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
                       "sasl.username": "operator", "sasl.password": "pw",
                       "ssl.ca.location": "/run/secrets/kafka_ca.pem",
-                      "ssl.endpoint.identification.algorithm": "https"}
+                      "ssl.endpoint.identification.algorithm": "https",
+                      "ssl.certificate.location": "/run/secrets/kafka_client.crt",
+                      "ssl.key.location": "/run/secrets/kafka_client.key"}
 
 
 def test_a_service_logs_in_to_internal_as_its_own_principal_with_the_password_from_its_secret(tmp_path):

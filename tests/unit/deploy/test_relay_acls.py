@@ -53,6 +53,9 @@ def test_mirrormaker_reads_every_site_over_sasl_ssl_as_the_relay():
         assert 'username="relay"' in props[f"{site}.sasl.jaas.config"]
         assert props[f"{site}.ssl.truststore.type"] == "PEM"
         assert Path(props[f"{site}.ssl.truststore.location"]).name == "kafka_ca.pem"
+        # The relay's client certificate, which the sites' EXTERNAL listeners ask for (mutual TLS).
+        assert props[f"{site}.ssl.keystore.type"] == "PEM"
+        assert props[f"{site}.ssl.keystore.location"] == "/run/secrets/kafka_relay_keystore.pem"
     # The datacenter's own cluster is reached on its overlay (INTERNAL), as MirrorMaker's own principal.
     assert props["datacenter.security.protocol"] == "SASL_PLAINTEXT"
     assert props["datacenter.sasl.mechanism"] == "SCRAM-SHA-512"

@@ -61,7 +61,8 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     tmp_path, *_ = runs
     pki = tmp_path / "pki"
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
-    for name in ("ca.key", "site-a/kafka-1.key", "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key",
+    for name in ("ca.key", "clients-ca.key", "clients/relay.key", "clients/operator.key", "site-a/kafka-1.key",
+                 "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key",
                  "site-a/spark-auth.secret"):
         key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
@@ -70,7 +71,7 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
 def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs):
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
-    assert set(secrets) == {"kafka_ca", "kafka_1_keystore", "kafka_2_keystore",
+    assert set(secrets) == {"kafka_ca", "kafka_clients_ca", "kafka_1_keystore", "kafka_2_keystore",
                             "mosquitto_tls_cert", "mosquitto_tls_key", "prometheus_tls_cert", "prometheus_tls_key",
                             "spark_auth_secret"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
@@ -108,6 +109,39 @@ def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(ru
     assert "CERTIFICATE" not in secrets[f"{server}_tls_key"]
 
 
+def test_the_relay_and_the_operator_get_client_certificates_of_the_clients_ca_only(runs):
+    """EXTERNAL's mutual TLS (issue 30): the brokers trust kafka_clients_ca for clients, a CA apart from the
+    servers' one, so no server certificate (kafka_ca's) opens EXTERNAL; the relay's keystore goes to the
+    datacenter only (this play is an edge site's)."""
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    clients_ca = x509.load_pem_x509_certificate(secrets["kafka_clients_ca"].encode())
+    assert clients_ca != x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
+    assert clients_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    for name in ("relay", "operator"):
+        cert = x509.load_pem_x509_certificate((tmp_path / f"pki/clients/{name}.crt").read_bytes())
+        cert.verify_directly_issued_by(clients_ca)
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert list(usage) == [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+        key = serialization.load_pem_private_key((tmp_path / f"pki/clients/{name}.key").read_bytes(), password=None)
+        assert key.public_key() == cert.public_key()
+    assert "kafka_relay_keystore" not in secrets
+
+
+def test_the_datacenter_gets_the_relays_keystore_as_kafkas_pem_loader_reads_it(tmp_path):
+    (tmp_path / "play.yml").write_text(PLAY.replace("iot_site_alias: site-a", "iot_site_alias: datacenter\n"
+                                                    "    iot_tier: datacenter").format(
+        topology=json.dumps(TOPOLOGY), out=tmp_path / "secrets.json"))
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    pem = json.loads((tmp_path / "secrets.json").read_text())["kafka_relay_keystore"]
+    assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and pem.endswith("-----END CERTIFICATE-----\n")
+    key = serialization.load_pem_private_key(pem.encode(), password=None)
+    (cert,) = x509.load_pem_x509_certificates(pem.encode())
+    assert key.public_key() == cert.public_key()
+    assert cert.subject.rfc4514_string() == "CN=relay"
+
+
 def test_second_run_changes_nothing(runs):
     tmp_path, first, second, ca_before = runs
     assert "changed=0" not in first.stdout.split("PLAY RECAP")[1]
@@ -139,6 +173,7 @@ def test_with_a_passphrase_the_ca_key_is_made_encrypted_and_still_issues(tmp_pat
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     key = (tmp_path / "pki/ca.key").read_bytes()
     assert key.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    assert (tmp_path / "pki/clients-ca.key").read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
     with pytest.raises(TypeError):
         serialization.load_pem_private_key(key, password=None)
     ca_key = serialization.load_pem_private_key(key, password=PASSPHRASE.encode())

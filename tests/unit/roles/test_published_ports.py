@@ -39,10 +39,14 @@ def _kafka_external(service: dict) -> tuple[str, str]:
     secret_targets = {s["target"]: s["source"] for s in service.get("secrets", []) if isinstance(s, dict)}
     plaintext = env.get("KAFKA_EXTERNAL_PLAINTEXT") == "1" or \
         "EXTERNAL:PLAINTEXT" in env.get("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "")
-    # The entrypoint makes EXTERNAL SASL_SSL (SCRAM-SHA-512) with the ACL authorizer from the keystore.
+    # The entrypoint makes EXTERNAL SASL_SSL (SCRAM-SHA-512) with the ACL authorizer from the keystore, and
+    # asks clients for a certificate of the clients CA (mutual TLS; the entrypoint refuses to start without it).
     tls = keystore == "/run/secrets/kafka_keystore.pem" and "kafka_keystore.pem" in secret_targets \
         and not plaintext
-    return ("SCRAM over SASL_SSL" if tls else ""), ("TLS, the broker's own certificate" if tls else "")
+    mutual = env.get("KAFKA_EXTERNAL_CLIENT_CA_FILE") == "/run/secrets/kafka_clients_ca.pem" \
+        and secret_targets.get("kafka_clients_ca.pem") == "kafka_clients_ca"
+    return ("a client certificate of the clients CA, then SCRAM over SASL_SSL" if tls and mutual else ""), \
+        ("TLS, the broker's own certificate" if tls else "")
 
 
 def _listener(config: str, port: int) -> list[str]:
