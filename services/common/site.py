@@ -2,17 +2,13 @@
 
 Precedence (the first that is set and not empty wins; tests/unit/common/test_site.py):
 
-  1. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored topic ('site-a.temperature-data' -> 'site-a').
-              At the datacenter it names the site the relay read the record from, which nothing at a site can
-              change: a site's producer (a bridge, a job, anyone holding a service's login there) can set any
-              header or field, so a record relayed from site-a that claims `site: site-b` is stored as site-a's
-              (tests/unit/common/test_site.py::test_a_relayed_record_cannot_claim_another_site). A site's own
-              topics have no dot (services/common/names.py; site aliases cannot hold one, deploy/topology.py).
+  1. topic    the '<site>.' prefix MirrorMaker 2 puts on a mirrored topic ('site-a.temperature-data' -> 'site-a'):
+              the site the relay read it from, which no producer at a site can change, unlike a header or a
+              field (docs/architecture.md, step 8). A site's own topics and aliases have no dot.
   2. header   the `site` Kafka header, written by the bridge of the site where the device connected (a device
               cannot set it: the bridge drops a user property of that name).
-  3. field    a `site` field of the payload. The bridge does not use this list: it records its own BRIDGE_SITE,
-              the site whose Mosquitto the device logged into, and dead-letters a reading whose topic names
-              another site (services/bridge/routing.py).
+  3. field    a `site` field of the payload. The bridge does not use this list: it records its own BRIDGE_SITE
+              and dead-letters a reading whose topic names another site (services/bridge/routing.py).
   4. default  the service's setting (BRIDGE_SITE, ADAPTER_DEFAULT_SITE, SITE).
 
 The Spark jobs cannot call Python per row; iot_jobs.readings.site_column builds the same precedence as an
