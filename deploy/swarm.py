@@ -1,4 +1,5 @@
-"""What Docker Swarm and Cassandra report to the health gates, parsed; the stack's files, hashed."""
+"""What Docker Swarm and Cassandra report to the health gates, parsed; the stack's files, hashed; an overlay
+attach that timed out, recognised for the tasks that retry it."""
 from __future__ import annotations
 
 import hashlib
@@ -85,4 +86,20 @@ def services_converged(lines: list, stack: str = "") -> str:
 
 
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
-FILTERS = {f.__name__: f for f in (stack_files, unconverged, replication_short, updating, rolled_back)}
+def overlay_attach_timed_out(result: dict) -> bool:
+    """Whether a registered `docker run --network <overlay>` failed only because the Swarm manager did not
+    attach the container to the overlay in time: docker's exit 125 with the daemon's "Could not attach to
+    network ...: context deadline exceeded" or "attaching to network failed ... context deadline exceeded".
+    A busy manager (a site's services all starting at once on a small machine) answers that way for minutes,
+    and running the same command again then works; the tasks that run a tool on the overlay retry while this
+    is true. Any other failure, "not manually attachable" or "network not found" among them, is the tool's or
+    the deployment's and is not retried."""
+    if not isinstance(result, dict) or result.get("rc") != 125:
+        return False
+    stderr = str(result.get("stderr", ""))
+    timed_out = "context deadline exceeded" in stderr or "DeadlineExceeded" in stderr
+    return timed_out and ("Could not attach to network" in stderr or "attaching to network failed" in stderr)
+
+
+FILTERS = {f.__name__: f for f in (stack_files, unconverged, replication_short, updating, rolled_back,
+                                   overlay_attach_timed_out)}

@@ -5,7 +5,8 @@ The fault suite (tooling/lab/chaos.py) watches the Prometheus of the faulted sit
 on, and reports each alert that started firing after it with its delay; a case whose fault fired nothing it
 expects fails. Alerts already firing before the fault are left out, so a stuck alert of an earlier case is
 not credited to this one; except that an alert whose value counts events in a window (COUNTING: starts, a
-login's offences) counts again when its value grows, since it stays firing across consecutive cases.
+login's offences) counts again when its value grows, since it stays firing across consecutive cases, and that
+an alert that stops firing after the fault and fires again counts from then on.
 """
 from __future__ import annotations
 
@@ -93,26 +94,42 @@ class AlertWatch:
         return self
 
     def _poll(self) -> dict[str, dict]:
+        return self._poll_all()[0]
+
+    def _poll_all(self) -> tuple[dict[str, dict], bool]:
+        """The watched sites' firing alerts, and whether every site answered."""
         found: dict[str, dict] = {}
+        complete = True
         for site in self.sites:
             try:
                 found.update(firing(self.hosts, site))
             except OSError:
                 self.errors += 1          # a Prometheus may be briefly away in a fault of its own node
-        return found
+                complete = False
+        return found, complete
 
     def firing_now(self) -> dict[str, dict]:
         """The alerts firing now at the watched sites."""
         return self._poll()
 
+    def note(self, now: dict[str, dict], complete: bool, at: float) -> None:
+        """Take one poll's firing alerts (`complete` when every site answered), polled at `at` (epoch seconds)."""
+        if complete:
+            # Firing before the fault but not any more: its next firing is this case's own. (A counting alert
+            # that fired on, through the previous case's end and this case's fault, kept its old value as the
+            # bar and its new firing went uncredited.) Only a complete poll says an alert stopped firing.
+            for name in [name for name in self.before if name not in now]:
+                del self.before[name]
+        for name, alert in now.items():
+            if name in self.seen:
+                continue
+            again = name.split("{", 1)[0] in COUNTING and _value(alert) > self.before.get(name, 0.0)
+            if name not in self.before or again:
+                self.seen[name] = at - self.fault_at
+
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            for name, alert in self._poll().items():
-                if name in self.seen:
-                    continue
-                again = name.split("{", 1)[0] in COUNTING and _value(alert) > self.before.get(name, 0.0)
-                if name not in self.before or again:
-                    self.seen[name] = time.time() - self.fault_at
+            self.note(*self._poll_all(), time.time())
 
     def stop(self) -> dict[str, float]:
         self._stop.set()

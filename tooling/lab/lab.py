@@ -507,6 +507,30 @@ topics_retention_ms: 86400000
 """
 
 
+def failed_tasks(lines: list[str]) -> list[str]:
+    """From ansible-playbook's output, each failure that stopped a host: its task's line, the "fatal:" line and
+    the message indented under it. With several hosts a failure scrolls out of the last lines long before the
+    run ends (a CI run showed only the datacenter's retries). Failures ansible ignored are left out."""
+    found: list[str] = []
+    task = ""
+    inside = False
+    start = 0                       # where the last failure's lines begin in `found`
+    for line in lines:
+        if inside and line.startswith(" "):
+            found.append(line)
+            continue
+        inside = False
+        if line.startswith(("TASK [", "RUNNING HANDLER")):
+            task = line.strip().rstrip("*").strip()
+        elif line.startswith(("fatal:", "failed:")):
+            start = len(found)
+            found += [task, line]
+            inside = True
+        elif line.strip() == "...ignoring":          # ansible's line after a failure it ignores
+            del found[start:]
+    return found
+
+
 def playbook(inventory: Path, *extra: str, name: str = "site.yml") -> float:
     """Run a playbook (site.yml unless `name` says otherwise) against the lab, showing each task as it
     starts; returns seconds taken."""
@@ -517,12 +541,12 @@ def playbook(inventory: Path, *extra: str, name: str = "site.yml") -> float:
     log("lab", f"running {' '.join(cmd[:4])} {' '.join(extra)} (full log: {logfile})")
     started = time.monotonic()
     last = started
-    tail: list[str] = []
+    lines: list[str] = []
     proc = subprocess.Popen(cmd, cwd=pins.REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-60:]
+        lines.append(line.rstrip())
         if line.startswith(("TASK [", "PLAY [", "RUNNING HANDLER")):
             now = time.monotonic()
             log("ansible", f"{line.strip().rstrip('*').strip()}  (previous {now - last:.0f}s)")
@@ -532,7 +556,8 @@ def playbook(inventory: Path, *extra: str, name: str = "site.yml") -> float:
     code = proc.wait()
     elapsed = time.monotonic() - started
     if code != 0:
-        raise SystemExit("lab: {} failed after {:.0f}s; last lines:\n{}".format(name, elapsed, "\n".join(tail)))
+        raise SystemExit("lab: {} failed after {:.0f}s; failed tasks:\n{}\nlast lines:\n{}".format(
+            name, elapsed, "\n".join(failed_tasks(lines)) or "(none reported)", "\n".join(lines[-60:])))
     log("lab", f"{name} finished in {elapsed:.0f}s")
     return elapsed
 

@@ -259,3 +259,39 @@ def test_kafka_records_and_dead_letters_keep_their_results(kafka, monkeypatch):
     LOGS[0][3] = Msg(0, 3, b"a", b'{"timestamp": 1}')
     assert chaos.kafka_records("b:9094", "t", {"a", "z"}, 15) == {"a": [{"timestamp": 1}], "z": []}
     assert chaos.dead_letters("b:9094", 15) == {"?": 2}
+
+
+def _watch_with(before: dict[str, float]) -> alerts_seen.AlertWatch:
+    watch = alerts_seen.AlertWatch(hosts=[], sites=("site-a",), fault_at=1000.0)
+    watch.before = dict(before)
+    return watch
+
+
+def test_an_alert_firing_before_the_fault_counts_only_once_it_resolved_and_fired_again():
+    kafka = "ServiceRestarted{job=kafka,site=site-a}"
+    bridge = "ServiceRestarted{job=bridge,site=site-a}"
+    firing = {"value": "2"}
+    watch = _watch_with({kafka: 2.0})
+    watch.note({kafka: firing}, complete=True, at=1010.0)               # the previous case's, still firing
+    assert watch.seen == {}
+    watch.note({}, complete=False, at=1020.0)                           # a site did not answer: says nothing
+    watch.note({kafka: firing}, complete=True, at=1030.0)
+    assert watch.seen == {}
+    watch.note({bridge: {"value": "1"}}, complete=True, at=1040.0)      # kafka's resolved; bridge's is new
+    assert watch.seen == {bridge: 40.0}
+    watch.note({kafka: firing, bridge: {"value": "1"}}, complete=True, at=1050.0)   # same value, but a new firing
+    assert watch.seen == {bridge: 40.0, kafka: 50.0}
+
+
+def test_a_counting_alert_that_stays_firing_counts_when_its_value_grows():
+    mqtt = "MqttLoginMisused{login=site-a-dev-9,offence=share,site=site-a}"
+    watch = _watch_with({mqtt: 3.0})
+    watch.note({mqtt: {"value": "3"}}, complete=True, at=1005.0)
+    assert watch.seen == {}
+    watch.note({mqtt: {"value": "4"}}, complete=True, at=1015.0)
+    assert watch.seen == {mqtt: 15.0}
+    # Not a counting alert: firing on from before the fault is never this case's.
+    disk = "DiskFillingUp{site=site-a}"
+    watch = _watch_with({disk: 1.0})
+    watch.note({disk: {"value": "9"}}, complete=True, at=1005.0)
+    assert watch.seen == {}
