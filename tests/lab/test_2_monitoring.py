@@ -1,10 +1,11 @@
 """Every site's and the datacenter's own Prometheus, from the lab network as an operator's browser
 reaches it: HTTPS with the deployment's CA (the certificate names the apps node's address) and the
 operator's login only; every component it scrapes answers (the JMX exporter of each ZooKeeper, Kafka,
-Cassandra and MirrorMaker JVM, the bridge's and adapter's /metrics); the alert rules are loaded; and
-the status page /consoles/iot-stack.html shows the site's figures, with readings flowing at the edge
-sites (the lab's simulated devices publish throughout), also as headless Chromium renders it, trusting
-only the deployment's CA (a screenshot per site is left in the lab directory, screenshots/)."""
+Cassandra and MirrorMaker JVM, the bridge's and adapter's /metrics); the alert rules are loaded, with the
+end dates of the site's certificates; and the status page /consoles/iot-stack.html shows the site's
+figures, with readings flowing at the edge sites (the lab's simulated devices publish throughout), also as
+headless Chromium renders it, trusting only the deployment's CA (a screenshot per site is left in the lab
+directory, screenshots/)."""
 from __future__ import annotations
 
 import base64
@@ -107,6 +108,22 @@ def test_the_alert_rules_are_loaded_and_nothing_critical_fires(apps, site):
     assert {"KafkaBrokerDown", "CassandraNodeDown", "ServiceDown", "RelayLagging"} <= names
     firing = [r["metric"]["alertname"] for r in _query(site, apps[site], 'ALERTS{alertstate="firing"}')]
     assert not [a for a in firing if a.endswith("Down")], f"{site}: firing {firing}"
+
+
+@pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
+def test_the_sites_certificates_have_their_end_dates_in_prometheus(apps, site):
+    """The rule file the stack role rendered from the pki role's certificates (deploy/certificates.py) is
+    loaded and evaluated: the brokers' and the CA's end dates, years away in a fresh lab, and no alert."""
+    deadline = time.monotonic() + 90          # a recording rule's first evaluation after Prometheus started
+    while not (series := _query(site, apps[site], "iot_certificate_not_after_timestamp_seconds")):
+        assert time.monotonic() < deadline, f"{site}: no iot_certificate_not_after_timestamp_seconds series"
+        time.sleep(5)
+    found = {s["metric"]["certificate"]: (s["metric"]["kind"], float(s["value"][1])) for s in series}
+    assert {s["metric"]["site"] for s in series} == {site}
+    assert f"kafka-1.{site}" in found and [k for k, _ in found.values()].count("ca") >= 2, found   # CA, clients CA
+    assert min(end for _, end in found.values()) > time.time() + 300 * 86400, found
+    firing = [r["metric"]["alertname"] for r in _query(site, apps[site], 'ALERTS{alertstate="firing"}')]
+    assert not [a for a in firing if a.startswith("Certificate")], f"{site}: firing {firing}"
 
 
 def _figure(page: str, figure_id: str) -> str:

@@ -41,6 +41,7 @@ OWNERS = (
     ("up", "prometheus"),
     ("ALERTS", "prometheus"),
     ("site:", "recording rules"),     # monitoring/rules/fleet.yml, which reads its own last value
+    ("iot_certificate_", "rendered rules"),  # the stack role's prometheus_certificates (deploy/certificates.py)
 )
 
 
