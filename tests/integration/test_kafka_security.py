@@ -1,7 +1,8 @@
 """A broker secured as at a site (EXTERNAL: SASL_SSL, SCRAM-SHA-512, client certificates of the clients CA, the
-ACL authorizer; INTERNAL on the
-test network) and iot-kafka-access from the services image, as the stack role runs it, over INTERNAL.
-Clients from the host reach EXTERNAL as a machine on a factory network would."""
+ACL authorizer; INTERNAL on the test network; ZooKeeper's znodes locked to the brokers' ZooKeeper login) and
+iot-kafka-access from the services image, as the stack role runs it, over INTERNAL. Clients from the host
+reach EXTERNAL as a machine on a factory network would; a client on the test network without the brokers'
+login stands for a compromised service container on a site's overlay."""
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ from tooling.testbed.kafka_cluster import (
     make_pki,
     metadata_errors,
     probe_internal,
+    secure_zookeeper,
     start_kafka_cluster,
 )
 
@@ -211,3 +213,45 @@ def test_a_service_principal_writes_only_what_its_acls_name(lab, cluster, relay)
     assert probe["write " + RELAYED] == "ok", probe
     assert probe["write " + NOT_RELAYED] == "TOPIC_AUTHORIZATION_FAILED", probe
     assert probe["topics"] == [RELAYED], f"the service sees topics it may not use: {probe}"
+
+
+def _zookeeper_shell(lab, cluster, *command: str) -> str:
+    """zookeeper-shell from the ZooKeeper's own container: a client on the site's network without the brokers'
+    ZooKeeper login, as a compromised service container would be."""
+    result = lab.exec(cluster.zookeeper, "zookeeper-shell", "-server", "localhost:2181", *command)
+    return result.stdout + result.stderr
+
+
+def _refused(output: str) -> bool:
+    return "Insufficient permission" in output or "NoAuth" in output
+
+
+def test_zookeeper_keeps_credentials_and_acls_from_a_client_without_the_brokers_login(lab, cluster, relay):
+    # The admin's credential, written by the broker as it started (logged in: zookeeper.set.acl), and the
+    # operator's, written before the broker by a tool without the login (open, then locked by secure-zookeeper).
+    for user in (cluster.admin[0], OPERATOR[0]):
+        path = f"/config/users/{user}"
+        assert _refused(_zookeeper_shell(lab, cluster, "get", path)), path        # SCRAM salt and keys unreadable
+        assert _refused(_zookeeper_shell(lab, cluster, "getAcl", path)), path     # not even who may read them
+        assert _refused(_zookeeper_shell(lab, cluster, "delete", path)), path
+    # The relay's ACLs: readable (no secret in them), not changeable, and no new one can be written.
+    relayed = f"/kafka-acl/Topic/{RELAYED}"
+    assert f"User:{RELAY}" in _zookeeper_shell(lab, cluster, "get", relayed)
+    grant = json.dumps({"version": 1, "acls": [{"principal": "User:intruder", "permissionType": "Allow",
+                                                "operation": "All", "host": "*"}]})
+    assert _refused(_zookeeper_shell(lab, cluster, "set", relayed, grant))
+    assert _refused(_zookeeper_shell(lab, cluster, "create", f"/kafka-acl/Topic/{NOT_RELAYED}", grant))
+    assert _refused(_zookeeper_shell(lab, cluster, "setAcl", relayed, "world:anyone:cdrwa"))
+    # The broker, logged in, still writes: a new topic is created and its ACL entries added.
+    topic = f"after-lock-{uuid.uuid4().hex[:6]}"
+    create_topics(cluster, topic, partitions=1)
+    assert topic in AdminClient(cluster.client()).list_topics(timeout=10).topics
+    acl = _zookeeper_shell(lab, cluster, "getAcl", f"/brokers/topics/{topic}")      # readable, writable by the login
+    assert "'sasl,'kafka\n: cdrwa" in acl and "'world,'anyone\n: r\n" in acl, acl
+
+
+def test_secure_zookeeper_runs_again_without_harm(lab, cluster):
+    # What the stack role runs on a site that was secured already (a marker keeps it from running each time).
+    output = secure_zookeeper(lab, cluster)
+    assert "Exception" not in output, output
+    assert AdminClient(cluster.client()).list_topics(timeout=10).topics

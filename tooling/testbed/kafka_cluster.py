@@ -129,7 +129,16 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
     (user, password) EXTERNAL is secured as at a site and that user is its super user."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
-    lab.run("kafka", zk, "zookeeper", memory="512m")
+    pki = Path(tempfile.mkdtemp(prefix="kafka-pki-")) if operator else None
+    if pki:
+        # The site's ZooKeeper password: ZooKeeper knows it, the broker logs in with it (zookeeper_jaas).
+        pki.chmod(0o755)
+        (pki / "zookeeper.password").write_text(f"zookeeper-{uuid.uuid4().hex}\n")
+        (pki / "zookeeper.password").chmod(0o644)    # the container's uid 1000 reads it
+        lab.run("kafka", zk, "zookeeper", memory="512m", volumes={str(pki): "/etc/kafka-pki:ro"},
+                env={"ZOO_KAFKA_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password"})
+    else:
+        lab.run("kafka", zk, "zookeeper", memory="512m")
     env = {
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
@@ -140,9 +149,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
     }
-    volumes, ca_file, admin, pki = {}, "", ("", ""), None
-    if operator:
-        pki = Path(tempfile.mkdtemp(prefix="kafka-pki-"))
+    volumes, ca_file, admin = {}, "", ("", "")
+    if pki:
         ca_file = str(make_pki(pki, broker))
         admin = ("admin", f"admin-{uuid.uuid4().hex}")
         broker_password = f"broker-{uuid.uuid4().hex}"
@@ -156,8 +164,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
                 "KAFKA_EXTERNAL_CLIENT_CA_FILE": "/etc/kafka-pki/clients-ca.crt", "KAFKA_OPERATOR_USER": operator[0],
                 "KAFKA_INTERNAL_USER": "broker", "KAFKA_INTERNAL_PASSWORD_FILE": "/etc/kafka-pki/broker.password",
                 "KAFKA_INTERNAL_JAAS_FILE": "/etc/kafka-pki/broker.jaas",
-                "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password"}
-        _add_scram_user(lab, zk, *operator)
+                "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password",
+                "KAFKA_ZOOKEEPER_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password"}
+        _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
     lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env=env, volumes=volumes)
@@ -170,7 +179,17 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
 
     wait_until(f"kafka broker {broker}", broker_registered, timeout=180,
                on_timeout=lambda: lab.logs(zk) + lab.logs(broker))
+    if pki:
+        secure_zookeeper(lab, cluster)
     return cluster
+
+
+def secure_zookeeper(lab: Lab, cluster: KafkaCluster) -> str:
+    """`secure-zookeeper` (the kafka image's entrypoint) in the broker's container, as the stack role runs it
+    once per site: every existing znode locked to the brokers' ZooKeeper login. Returns its output."""
+    result = lab.exec(cluster.broker, "/opt/kafka/bin/entrypoint", "secure-zookeeper")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 def _add_scram_user(lab: Lab, zk: str, user: str, password: str) -> None:

@@ -100,7 +100,7 @@ def site_files(tier: str, topology: dict, variables: dict) -> dict:
     certificates = tier == "edge" and resolve(variables, "stack_mqtt_device_auth") == "certificate"
     pki += ["mqtt_device_ca"] if certificates else []
     kafka = [f"kafka_password_{user}" for user in resolve(variables, "__stack_kafka_internal_users")]
-    kafka += ["kafka_internal_jaas"]
+    kafka += ["kafka_internal_jaas", "zookeeper_password"]
     return {"configs": dict.fromkeys([*declared["configs"], *monitoring["configs"]], "c"),
             "secrets": dict.fromkeys([*declared["secrets"], *monitoring["secrets"], *pki, *kafka], "s")}
 
