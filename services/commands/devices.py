@@ -412,9 +412,10 @@ def kafka_security(external: bool, tls_files: tuple[str, str, str], password: st
     if login is None:
         raise InputError(f"--external needs a login: set {kafka_auth.USERNAME_ENV} (and the secret "
                          f"{kafka_auth.PASSWORD_SECRET}: {kafka_auth.PASSWORD_SECRET.upper()}_FILE)")
-    for flag, path, what in zip(("--ca-file", "--cert-file", "--key-file"), tls_files, TLS_FILES, strict=True):
-        if not Path(path).is_file():
-            raise InputError(f"{flag} {path} not found ({what})")
+    flags = ("--ca-file", "--cert-file", "--key-file")
+    problem = kafka_auth.missing_file(zip(flags, tls_files, TLS_FILES, strict=True))
+    if problem:
+        raise InputError(problem)
     return kafka_auth.sasl_ssl_config(*login, *tls_files)
 
 

@@ -190,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         security = kafka_auth.internal_config() or None
         if args.kafka_user:
+            problem = kafka_auth.missing_file([
+                ("--kafka-ca-file", args.kafka_ca_file, "the CA that signed the brokers' certificates"),
+                ("--kafka-cert-file", args.kafka_cert_file, "the operator's certificate, pki_dir/clients/operator.crt"),
+                ("--kafka-key-file", args.kafka_key_file, "its key, pki_dir/clients/operator.key")])
+            if problem:
+                raise RegistryError(problem)
             password = settings.secret("kafka_password", required=True)
             security = kafka_auth.sasl_ssl_config(args.kafka_user, password, args.kafka_ca_file,
                                                   args.kafka_cert_file, args.kafka_key_file)

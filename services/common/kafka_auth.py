@@ -44,6 +44,15 @@ def sasl_ssl_config(username: str, password: str, ca_file: str, cert_file: str, 
     }
 
 
+def missing_file(files) -> str | None:
+    """For (flag, path, what) triples, the message naming the first whose file is missing, e.g.
+    "--cert-file /x.crt not found (the operator's client certificate)"; None when every file is there."""
+    for flag, path, what in files:
+        if not Path(path).is_file():
+            return f"{flag} {path} not found ({what})"
+    return None
+
+
 def sasl_plaintext_config(username: str, password: str) -> dict[str, str]:
     """librdkafka settings for a SCRAM login to a site's INTERNAL listener."""
     return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,

@@ -102,6 +102,18 @@ def test_registrar_dry_run_prints_records(capsys):
     assert len(lines) == 3 and lines[0].startswith("sensor-type-registration ")
 
 
+def test_registrar_names_a_missing_client_certificate_with_its_flag(tmp_path, capsys):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked before the files exist\n")
+    code = registrar.main(["--bootstrap-servers", "site-a:9094", "--kafka-user", "operator",
+                           "--kafka-ca-file", str(ca), "--kafka-cert-file", str(tmp_path / "operator.crt"),
+                           "--kafka-key-file", str(tmp_path / "operator.key"),
+                           "fleet", "--site", "x", "--devices", "1", "--sensors-per-device", "1"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"--kafka-cert-file {tmp_path / 'operator.crt'} not found (the operator's certificate" in err, err
+
+
 @pytest.mark.parametrize("argv", [[], ["--bogus"], ["--site", "a", "--qos", "2"], ["--site", "a", "--rate", "0"]])
 def test_simulator_bad_flags_print_usage_and_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
