@@ -2,11 +2,13 @@
 listener (host port 9094) takes only SCRAM logins over mutual TLS (a client certificate of the clients CA,
 which only the relay and the operator have), and the datacenter relay's principal
 may only read the relayed topics (docs/security.md). On the site's overlay, INTERNAL takes only the
-site's principals, each held to its service's ACLs. MirrorMaker still delivering every relayed
+site's principals, each held to its service's ACLs, and ZooKeeper keeps the credentials and ACLs to the
+brokers' login. MirrorMaker still delivering every relayed
 record over it is shown by test_2_end_to_end (events at the datacenter) and the fault suite's
 dc-cut-off case (relay counted record by record)."""
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 
@@ -16,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.common import kafka_auth, names
 from tooling.lab import lab
+from tooling.testbed.docker_lab import image
 from tooling.testbed.kafka_cluster import metadata_errors, probe_internal
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
@@ -164,3 +167,23 @@ def test_a_service_principal_on_the_overlay_sees_and_writes_only_what_its_acls_n
     # It reads sensor-registration whole to check a reading's sensor belongs to the device that sent it.
     assert probe["topics"] == sorted([names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS,
                                       names.SENSOR_REGISTRATION]), probe
+
+
+def test_zookeeper_keeps_credentials_and_acls_from_a_client_on_the_overlay(lab_hosts):
+    """A client on site-a's overlay without the brokers' ZooKeeper login, as any service container there, reads
+    no SCRAM credential and changes no ACL (the brokers' zookeeper.set.acl, the stack role's zookeeper_acls.yml)."""
+    manager = lab.site_managers(lab_hosts)[SITE]
+
+    def shell(*command: str) -> str:
+        result = subprocess.run(["docker", "exec", manager.container, "docker", "run", "--rm", "--network", "iot",
+                                 image("kafka"), "zookeeper-shell", "-server", "zookeeper-1:2181", *command],
+                                capture_output=True, text=True, timeout=180)
+        return result.stdout + result.stderr
+
+    def refused(output: str) -> bool:
+        return "Insufficient permission" in output or "NoAuth" in output
+
+    acls = f"/kafka-acl/Topic/{names.TEMPERATURE_DATA}"
+    assert "User:bridge" in shell("get", acls)          # the client reached ZooKeeper: ACLs are no secret
+    assert refused(shell("get", "/config/users/admin"))
+    assert refused(shell("set", acls, '{"version":1,"acls":[]}'))
