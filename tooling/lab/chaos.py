@@ -772,17 +772,23 @@ def notifications(hosts: list[lab.LabHost]) -> Iterator[AlertReceiver | None]:
             receiver.close()
 
 
+# What notifications that failed while nobody listened raise: the site's own alert and the datacenter's copy.
+FAILED_NOTIFICATION_ALERTS = ("AlertNotificationsFailing", "FleetSiteCannotNotify")
+
+
 def _age_out_failed_notifications(hosts: list[lab.LabHost], limit_s: float = 900.0) -> None:
     """Notifications the lab's Alertmanagers sent while nobody listened failed, and AlertNotificationsFailing
-    (rightly) says so for 10 min after the last failure: wait that out, so the healthy case starts quiet."""
+    and FleetSiteCannotNotify (rightly) say so for 10 min after the last failure: wait that out, so the
+    healthy case starts quiet."""
     watch = AlertWatch(hosts, (SITE, DC))
-    if not any(matches(k, "AlertNotificationsFailing") for k in watch.firing_now()):
-        return
-    log("chaos", "AlertNotificationsFailing fires (nobody listened at the lab's webhook before); "
-                 f"waiting up to {limit_s:.0f}s for it to resolve")
-    waited = watch.resolved("AlertNotificationsFailing", limit_s)
-    log("chaos", f"AlertNotificationsFailing resolved after {waited:.0f}s" if waited is not None
-        else "AlertNotificationsFailing still fires: the healthy case will say so")
+    for alert in FAILED_NOTIFICATION_ALERTS:
+        if not any(matches(k, alert) for k in watch.firing_now()):
+            continue
+        log("chaos", f"{alert} fires (nobody listened at the lab's webhook before); "
+                     f"waiting up to {limit_s:.0f}s for it to resolve")
+        waited = watch.resolved(alert, limit_s)
+        log("chaos", f"{alert} resolved after {waited:.0f}s" if waited is not None
+            else f"{alert} still fires: the healthy case will say so")
 
 
 def _receiver() -> AlertReceiver | None:

@@ -24,7 +24,7 @@ NOT_TRANSIENT = [
     "docker: Error response from daemon: Could not attach to network iot: rpc error: code = PermissionDenied "
     "desc = network iot not manually attachable.",
     "docker: Error response from daemon: network iot not found.",
-    "Unable to find image 'iot-stack/services:0.1.0' locally",
+    "Unable to find image 'iot-stack/services:latest' locally",
     "context deadline exceeded",      # a tool's own timeout, not the attach
 ]
 
