@@ -1,7 +1,8 @@
 """Every site's and the datacenter's Alertmanager, as the lab deploys it: its published port answers
 only the operator's login over TLS (the monitoring certificate), its Prometheus sends to it over the
-overlay (HTTPS and the login), and (slow) a broker stopped at site-a gives exactly one notification at
-the lab's webhook receiver (tooling/lab/lab.py lab_alert_receivers) and one resolution once it is back.
+overlay (HTTPS and the login), the lab's webhook receiver listens and logs what it gets, and (slow) a broker
+stopped at site-a gives exactly one notification at that receiver (tooling/lab/lab.py start_alert_receiver)
+and one resolution once it is back.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import yaml
 
 from tests.lab.test_2_monitoring import _apps_nodes, _get, _query
 from tooling.lab import lab
-from tooling.testbed.alert_receiver import AlertReceiver
 from tooling.testbed.docker_lab import wait_until
 
 SITES = ["site-a", "site-b", "datacenter"]
@@ -56,8 +56,7 @@ def test_prometheus_sends_its_alerts_to_its_alertmanager_over_tls(apps, site):
 @pytest.mark.smoke
 @pytest.mark.slow       # about 10 minutes: the rule's 2 minutes, the group wait, the broker's restart
 def test_a_stopped_broker_notifies_once_and_resolves(apps, lab_hosts):
-    host, port = lab.lab_alert_receiver_address()
-    receiver = AlertReceiver(host, port)
+    receiver = lab.alert_log()
     manager = lab.site_managers(lab_hosts)["site-a"]
     try:
         lab.host_exec(manager, "docker", "service", "scale", "-d", "site-a_kafka-2=0")
@@ -79,3 +78,18 @@ def test_a_stopped_broker_notifies_once_and_resolves(apps, lab_hosts):
         assert _query("site-a", apps["site-a"], 'up{job="kafka"} == 0') == []
     finally:
         receiver.close()
+
+
+@pytest.mark.smoke
+def test_the_labs_receiver_listens_and_logs_each_notification():
+    """The lab's stand-in for a person's pager (lab.start_alert_receiver) runs for the lab's whole life, so an
+    idle lab's notifications do not fail; what it gets, the tests read from its log."""
+    host, port = lab.lab_alert_receiver_address()
+    log = lab.alert_log()
+    marker = f"LabReceiverCheck-{time.time_ns()}"
+    note = {"status": "firing", "alerts": [{"labels": {"alertname": marker}}]}
+    request = urllib.request.Request(f"http://{host}:{port}/alerts", data=json.dumps(note).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    assert [n["alerts"][0]["labels"]["alertname"] for n in log.about(marker)] == [marker]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from tooling.build.progress import log
 from tooling.lab import lab, upgrade
 from tooling.lab.alerts_seen import AlertWatch, key, matches
-from tooling.testbed.alert_receiver import AlertReceiver
+from tooling.testbed.alert_receiver import AlertLog
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -674,7 +674,7 @@ def _settle(probe: Callable[[], dict], done: Callable[[dict], bool], limit_s: fl
 
 
 def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s: float = 600.0,
-             receiver: AlertReceiver | None = None) -> Outcome:
+             receiver: AlertLog | None = None) -> Outcome:
     """One case; with the lab's alert receiver listening, also whether its alert reached it (a note)."""
     run = uuid.uuid4().hex[:6]
     sensor = f"chaos-{case.name}-{run}"
@@ -759,50 +759,34 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
 
 
 @contextlib.contextmanager
-def notifications(hosts: list[lab.LabHost]) -> Iterator[AlertReceiver | None]:
-    """The suite listens at the lab's webhook while it runs (each case notes whether its alert arrived);
-    first it waits out failed notifications of the time nobody listened."""
-    receiver = _receiver()
-    if receiver:
-        _age_out_failed_notifications(hosts)
-    try:
-        yield receiver
-    finally:
-        if receiver:
-            receiver.close()
+def notifications(hosts: list[lab.LabHost]) -> Iterator[AlertLog]:
+    """What the lab's receiver (lab.start_alert_receiver) gets from now on, so each case notes whether its
+    alert reached it; first the suite waits out failed notifications of a time the receiver was not there."""
+    lab.start_alert_receiver()
+    _age_out_failed_notifications(hosts)
+    yield lab.alert_log()
 
 
-# What notifications that failed while nobody listened raise: the site's own alert and the datacenter's copy.
+# What notifications that failed while no receiver listened raise: the site's own alert and the datacenter's copy.
 FAILED_NOTIFICATION_ALERTS = ("AlertNotificationsFailing", "FleetSiteCannotNotify")
 
 
 def _age_out_failed_notifications(hosts: list[lab.LabHost], limit_s: float = 900.0) -> None:
-    """Notifications the lab's Alertmanagers sent while nobody listened failed, and AlertNotificationsFailing
+    """Notifications the lab's Alertmanagers sent while no receiver listened failed, and AlertNotificationsFailing
     and FleetSiteCannotNotify (rightly) say so for 10 min after the last failure: wait that out, so the
     healthy case starts quiet."""
     watch = AlertWatch(hosts, (SITE, DC))
     for alert in FAILED_NOTIFICATION_ALERTS:
         if not any(matches(k, alert) for k in watch.firing_now()):
             continue
-        log("chaos", f"{alert} fires (nobody listened at the lab's webhook before); "
+        log("chaos", f"{alert} fires (notifications failed before the receiver listened); "
                      f"waiting up to {limit_s:.0f}s for it to resolve")
         waited = watch.resolved(alert, limit_s)
         log("chaos", f"{alert} resolved after {waited:.0f}s" if waited is not None
             else f"{alert} still fires: the healthy case will say so")
 
 
-def _receiver() -> AlertReceiver | None:
-    """The webhook the lab's Alertmanagers notify (lab.lab_alert_receivers), so each case's alert is seen
-    reaching a person; None (and said) when the port is taken, e.g. by a lab test."""
-    host, port = lab.lab_alert_receiver_address()
-    try:
-        return AlertReceiver(host, port)
-    except OSError as err:
-        log("chaos", f"not listening at {host}:{port} for notifications ({err})")
-        return None
-
-
-def _notified(receiver: AlertReceiver, wanted: str, since: float, wait_s: float = 120.0) -> str:
+def _notified(receiver: AlertLog, wanted: str, since: float, wait_s: float = 120.0) -> str:
     """Whether the lab's webhook (what a person's pager gets) received the alert: Alertmanager's group wait
     (30 s) after it fired, or a group interval (5 min) when its group was already open."""
     deadline = time.time() + wait_s

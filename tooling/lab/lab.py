@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tooling.build import artifacts, images, pins
 from tooling.build.progress import log
+from tooling.testbed.alert_receiver import AlertLog
 
 LABEL = "iot-stack.lab"
 NETWORK = "iot-stack-lab"
@@ -375,6 +376,7 @@ def prepare() -> None:
 def create_hosts(hosts: list[LabHost]) -> None:
     if run("docker", "network", "inspect", NETWORK, check=False).returncode != 0:
         run("docker", "network", "create", "--label", LABEL, NETWORK)
+    start_alert_receiver()
     public_key = ssh_key().with_suffix(".pub").read_text().strip()
     image = images.tag(HOST_IMAGE, pins.load())
     for host in hosts:
@@ -427,9 +429,41 @@ def write_inventory(hosts: list[LabHost]) -> Path:
     return inventory
 
 
-# The lab's alerts go to a webhook on the lab network's gateway (this machine): the lab tests listen
-# there with tooling/testbed/alert_receiver.py; with nobody listening, Alertmanager retries and logs it.
+# The lab's alerts go to a webhook on the lab network's gateway (this machine), where the lab's receiver
+# (start_alert_receiver) listens for the lab's whole life and logs each notification; the tests read the log.
 LAB_ALERT_RECEIVER_PORT = 19093
+ALERT_RECEIVER = "iot-stack-lab-alerts"       # its container
+APP_UID = 1000                                # the images' user (images/runtime/Dockerfile)
+
+
+def start_alert_receiver() -> None:
+    """The lab's stand-in for a person's pager: tooling/testbed/alert_receiver.py run from the services image
+    on this machine's side of the lab network (host networking, the gateway's address), appending every
+    notification to <lab dir>/alerts/notifications.jsonl (alert_log reads it). Without it, what the
+    Alertmanagers sent while no test listened failed, and AlertNotificationsFailing and FleetSiteCannotNotify
+    fired in an idle lab. Removed with the lab (its label)."""
+    if run("docker", "inspect", ALERT_RECEIVER, check=False).returncode == 0:
+        run("docker", "start", ALERT_RECEIVER)
+        return
+    directory = lab_dir() / "alerts"
+    directory.mkdir(exist_ok=True)
+    user: list[str] = []
+    if os.getuid() == 0:
+        os.chown(directory, APP_UID, APP_UID)     # the image's user writes the log
+    else:
+        user = ["--user", f"{os.getuid()}:{os.getgid()}"]
+    host, port = lab_alert_receiver_address()
+    run("docker", "run", "-d", "--name", ALERT_RECEIVER, "--label", LABEL, "--network", "host",
+        "--restart", "unless-stopped", *user, "-v", f"{directory}:/alerts",
+        "-v", f"{pins.REPO_ROOT / 'tooling/testbed/alert_receiver.py'}:/opt/alert_receiver.py:ro",
+        images.tag("services", pins.load()), "python", "/opt/alert_receiver.py",
+        "--host", host, "--port", str(port), "--log", "/alerts/notifications.jsonl")
+    log("lab", f"alert receiver listening at http://{host}:{port}/alerts (log: {directory}/notifications.jsonl)")
+
+
+def alert_log(since: float | None = None) -> AlertLog:
+    """The notifications the lab's receiver got from `since` (epoch seconds; default: now) on."""
+    return AlertLog(lab_dir() / "alerts" / "notifications.jsonl", time.time() if since is None else since)
 
 
 def lab_alert_receiver_address() -> tuple[str, int]:
