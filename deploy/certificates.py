@@ -47,16 +47,18 @@ def certificate_expiries(secrets: dict) -> list[dict]:
                      "remove it from the pki directory and rerun, the pki role makes a new one")
             fingerprint = hashlib.sha256(pem.encode()).hexdigest()
             found.setdefault(fingerprint, {"certificate": _name(cert), "kind": "ca" if _is_ca(cert) else "leaf",
-                                           "secret": secret,
+                                           "secret": str(secret),
                                            "not_after": int(cert.not_valid_after_utc.timestamp())})
     return sorted(found.values(), key=lambda c: (c["not_after"], c["certificate"]))
 
 
 def certificate_rules(secrets: dict, site: str) -> str:
     """The Prometheus rule file (YAML) of the site's certificates: one `iot_certificate_not_after_timestamp_
-    seconds` series per certificate, labelled with its name, kind (ca or leaf), secret and the site."""
+    seconds` series per certificate, labelled with its name, kind (ca or leaf), secret and the site. Every value
+    is made a plain str: Ansible hands its filters str subclasses (tagged strings) that yaml cannot write."""
     rules = [{"record": METRIC, "expr": f"vector({c['not_after']})",
-              "labels": {"certificate": c["certificate"], "kind": c["kind"], "secret": c["secret"], "site": site}}
+              "labels": {"certificate": str(c["certificate"]), "kind": c["kind"], "secret": str(c["secret"]),
+                         "site": str(site)}}
              for c in certificate_expiries(secrets)]
     header = ("# Rendered by the stack role (deploy/certificates.py): when each certificate the site serves or\n"
               "# trusts expires. CertificateExpiresSoon (monitoring/rules/iot-stack.yml) reads it.\n")
