@@ -25,6 +25,7 @@ SINCE = re.compile(r"^((\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|\d+(\.\d+)?"
                    r"|\d{4}-\d{2}-\d{2}([T ][0-9:.]+)?(Z|[+-]\d{2}:?\d{2})?)$")
 # A `docker service logs --timestamps` line: time, <service>.<slot>.<task>@<node>, padding, "| ", message.
 LINE = re.compile(r"^(?P<time>\d{4}-\d{2}-\d{2}T\S+) (?P<task>\S+)@(?P<node>\S+?)\s+\| ?(?P<message>.*)$")
+TIMED_OUT = 124                                # timeout(1)'s exit status: logs.yml's limit ran out
 SIZE = re.compile(r"^[1-9]\d*[kmg]?$")       # json-file's max-size: bytes, or k, m, g
 
 
@@ -78,6 +79,10 @@ def problems(result: dict, site: str, service: str) -> list[str]:
     if service not in services:
         known = ", ".join(services) or "none; is the stack deployed?"
         return [f"unknown service {service!r} at {site} (services: {known})"]
+    if int(result.get("rc") or 0) == TIMED_OUT:
+        return [f"docker service logs {stack_service(site, service)} did not finish within "
+                f"{result.get('timeout_s', '?')} s on {site}'s manager (a busy manager, or a node that does not "
+                "answer: `docker node ls` there); try again, or give it longer with --timeout"]
     if int(result.get("rc") or 0) != 0:
         return [f"docker service logs {stack_service(site, service)} failed (exit {result['rc']}): "
                 + (result.get("stderr") or "").strip()[-2000:]]
@@ -120,6 +125,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--case-sensitive", action="store_true", help="match --grep's case (default: ignore case)")
     p.add_argument("--tail", type=positive, help="print only the last N matching lines")
     p.add_argument("--json", action="store_true", help="print the lines as one JSON list")
+    p.add_argument("--timeout", type=positive, default=120,
+                   help="seconds `docker service logs` may take on the manager; default 120")
     return p
 
 
@@ -132,7 +139,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def playbook_command(args: argparse.Namespace, out: Path, extra: list[str]) -> list[str]:
     variables = {"logs_site": args.site, "logs_service": args.service, "logs_since": args.since,
-                 "logs_result_file": str(out)}
+                 "logs_result_file": str(out), "logs_timeout_s": args.timeout}
     return ["ansible-playbook", "-i", args.inventory, str(REPO / "ansible" / "logs.yml"),
             "-e", json.dumps(variables), *extra]
 

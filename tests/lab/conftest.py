@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tooling.lab import lab
+from tooling.lab import lab, settle
 
 REPO = lab.pins.REPO_ROOT
 # testinfra's ansible backend calls ansible-inventory/ansible from PATH.
@@ -35,14 +35,16 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)        # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
-    """pytest-timeout counts a test's fixture setup: the first test to need the lab also waits for `scripts/lab up`,
-    so it gets the lab's budget on top of its own (else the 900 s default fires inside whichever test comes first)."""
+    """pytest-timeout counts a test's fixture setup: the first test to need the lab also waits for `scripts/lab up`
+    and its warm-up, so it gets their budgets on top of its own (else the 900 s default fires inside whichever test
+    comes first)."""
     first = next((item for item in items if "lab_hosts" in getattr(item, "fixturenames", ())), None)
     if first is None:
         return
     marker = first.get_closest_marker("timeout")
     own = float(marker.args[0]) if marker and marker.args else float(config.getini("timeout") or 900)
-    first.add_marker(pytest.mark.timeout(own + LAB_UP_TIMEOUT_S), append=False)   # the closest marker wins
+    budget = own + LAB_UP_TIMEOUT_S + settle.LIMIT_S
+    first.add_marker(pytest.mark.timeout(budget), append=False)   # the closest marker wins
 
 
 STEPS: list[tuple[str, float, int]] = []     # (scripts/lab command, seconds, exit status), for the summary
@@ -88,6 +90,13 @@ def print_diagnosis(why: str) -> None:
     print(f"\n[lab] {DIAGNOSES[-1]}", file=sys.stderr, flush=True)    # in the failing test's captured output
 
 
+def settle_lab() -> None:
+    """Wait (at most 10 minutes) for the lab's JVMs to warm up before the first test: tooling/lab/settle.py."""
+    result = settle.wait_until_calm()
+    STEPS.append(("wait for the lab to warm up (" + result.describe() + ")", result.waited_s, 0))
+    print(f"[lab] {result.describe()}", file=sys.stderr, flush=True)
+
+
 @pytest.fixture(scope="session")
 def lab_hosts():
     keep = os.environ.get("IOT_LAB_KEEP") == "1"
@@ -102,6 +111,7 @@ def lab_hosts():
             if not keep:
                 run_lab("down")
             raise
+    settle_lab()
     yield lab.existing_hosts()
     if not keep:
         run_lab("down")

@@ -78,6 +78,12 @@ def test_a_manager_that_did_not_answer_and_a_failed_read_are_named():
     assert logs.problems(RESULT, "site-a", "bridge") == []
 
 
+def test_a_read_that_ran_out_of_time_names_the_limit_and_the_option():
+    timed_out = dict(RESULT, rc="124", stderr="", timeout_s="120")
+    [problem] = logs.problems(timed_out, "site-a", "bridge")
+    assert "site-a_bridge did not finish within 120 s on site-a's manager" in problem and "--timeout" in problem
+
+
 @pytest.mark.parametrize("argv", [
     [],                                                                   # nothing
     ["-i", "inv", "--site", "site-a"],                                    # no service
@@ -85,6 +91,7 @@ def test_a_manager_that_did_not_answer_and_a_failed_read_are_named():
     ["-i", "inv", "--site", "site-a", "--service", "bridge", "--tail", "0"],
     ["-i", "inv", "--site", "site-a", "--service", "bridge", "--grep", "("],
     ["-i", "inv", "--site", "site-a", "--service", "bridge", "--colour"],
+    ["-i", "inv", "--site", "site-a", "--service", "bridge", "--timeout", "0"],
 ])
 def test_bad_options_print_the_usage_and_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -107,7 +114,8 @@ def test_the_playbook_gets_the_names_as_one_json_extra_var_and_the_rest_after_th
     cmd = logs.playbook_command(args, tmp_path / "out.json", extra)
     assert cmd[:3] == ["ansible-playbook", "-i", "inv"] and cmd[3].endswith("ansible/logs.yml")
     assert json.loads(cmd[cmd.index("-e") + 1]) == {"logs_site": "site-a", "logs_service": "bridge",
-                                                    "logs_since": "10m", "logs_result_file": str(tmp_path / "out.json")}
+                                                    "logs_since": "10m", "logs_result_file": str(tmp_path / "out.json"),
+                                                    "logs_timeout_s": 120}
     assert cmd[-2:] == ["--vault-password-file", "pw"]
 
 
