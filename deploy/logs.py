@@ -79,12 +79,13 @@ def problems(result: dict, site: str, service: str) -> list[str]:
     if service not in services:
         known = ", ".join(services) or "none; is the stack deployed?"
         return [f"unknown service {service!r} at {site} (services: {known})"]
-    if int(result.get("rc") or 0) == TIMED_OUT:
+    rc = int(result.get("rc") or 0)
+    if rc == TIMED_OUT:
         return [f"docker service logs {stack_service(site, service)} did not finish within "
                 f"{result.get('timeout_s', '?')} s on {site}'s manager (a busy manager, or a node that does not "
                 "answer: `docker node ls` there); try again, or give it longer with --timeout"]
-    if int(result.get("rc") or 0) != 0:
-        return [f"docker service logs {stack_service(site, service)} failed (exit {result['rc']}): "
+    if rc != 0:
+        return [f"docker service logs {stack_service(site, service)} failed (exit {rc}): "
                 + (result.get("stderr") or "").strip()[-2000:]]
     return []
 
