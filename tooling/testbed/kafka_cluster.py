@@ -124,9 +124,12 @@ def make_pki(directory: Path, broker: str) -> Path:
     return directory / "ca.crt"
 
 
-def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None) -> KafkaCluster:
+def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None,
+                        zookeeper_env: dict[str, str] | None = None, broker_env: dict[str, str] | None = None,
+                        broker_memory: str = "1g") -> KafkaCluster:
     """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'; with `operator`
-    (user, password) EXTERNAL is secured as at a site and that user is its super user."""
+    (user, password) EXTERNAL is secured as at a site and that user is its super user. `zookeeper_env` and
+    `broker_env` add to each one's environment (a site's heaps and JVM options: tooling.testbed.pipeline)."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
     pki = Path(tempfile.mkdtemp(prefix="kafka-pki-")) if operator else None
@@ -136,9 +139,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         (pki / "zookeeper.password").write_text(f"zookeeper-{uuid.uuid4().hex}\n")
         (pki / "zookeeper.password").chmod(0o644)    # the container's uid 1000 reads it
         lab.run("kafka", zk, "zookeeper", memory="512m", volumes={str(pki): "/etc/kafka-pki:ro"},
-                env={"ZOO_KAFKA_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password"})
+                env={"ZOO_KAFKA_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password", **(zookeeper_env or {})})
     else:
-        lab.run("kafka", zk, "zookeeper", memory="512m")
+        lab.run("kafka", zk, "zookeeper", memory="512m", env=zookeeper_env)
     env = {
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
@@ -169,7 +172,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
-    lab.run("kafka", broker, "kafka", memory="1g", ports={port: 9094}, env=env, volumes=volumes)
+    lab.run("kafka", broker, "kafka", memory=broker_memory, ports={port: 9094}, env=env | (broker_env or {}),
+            volumes=volumes)
     cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin,
                            str(pki or ""))
 

@@ -43,9 +43,9 @@ SPARK_JOB = "threshold-detector"
 class Pipeline:
     lab: Lab
     site_kafka: KafkaCluster
-    dc_kafka: KafkaCluster
+    dc_kafka: KafkaCluster | None          # None: the edge site alone (start(datacenter=False))
     site_cassandra: CassandraNode
-    dc_cassandra: CassandraNode
+    dc_cassandra: CassandraNode | None
     mqtt_port: int           # Mosquitto's TLS listener on 127.0.0.1
     mqtt_ca: str             # the CA its certificate chains to
     devices: dict[str, str]  # device login -> password
@@ -131,20 +131,45 @@ def _spark_command(service: dict, memory: str) -> list[str]:
     return command
 
 
-def start(lab: Lab, work: Path, devices: dict[str, str]) -> Pipeline:
-    """Start both tiers and wait until each service is up; `work` holds their files."""
+# What a site's JVMs get from the rendered stack besides the cluster's own settings: heaps, the JVM options
+# the stack sets (stack_jvm_opts) and, with `exporters`, the JMX exporter's port.
+_JVM_SETTINGS = ("ZOO_HEAP_OPTS", "KAFKA_HEAP_OPTS", "CASSANDRA_HEAP", "KAFKA_JVM_OPTS", "JVM_EXTRA_OPTS")
+
+
+def jvm_environment(service: dict, exporters: bool) -> dict[str, str]:
+    """The JVM settings of a rendered ZooKeeper, Kafka or Cassandra service (see _JVM_SETTINGS)."""
+    env = service.get("environment") or {}
+    keep = _JVM_SETTINGS + (("JMX_EXPORTER_PORT",) if exporters else ())
+    return {k: str(v) for k, v in env.items() if k.endswith(keep)}
+
+
+def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True,
+          jobs: tuple[str, ...] = (SPARK_JOB,), site_jvms: bool = False,
+          site_env: dict[str, dict[str, str]] | None = None) -> Pipeline:
+    """Start both tiers (or, without `datacenter`, the edge site alone) and wait until each service is up;
+    `work` holds their files. `jobs`: the edge's Spark jobs to run. `site_jvms`: the site's ZooKeeper, Kafka
+    and Cassandra get the rendered stack's heaps, JVM options and JMX exporters (tooling.bench.site), and
+    `site_env` ("zookeeper", "kafka" or "cassandra" -> variables) on top."""
     rendered = render()
     work.chmod(0o755)
-    log("setup", "starting kafka (site and datacenter) and cassandra (site and datacenter)", force=True)
+    tiers = "site and datacenter" if datacenter else "site"
+    log("setup", f"starting kafka and cassandra ({tiers})", force=True)
+    site_env = {role: (jvm_environment(rendered.edge[f"{role}-1"], exporters=True) if site_jvms else {})
+                | (site_env or {}).get(role, {}) for role in ("zookeeper", "kafka", "cassandra")}
     with ThreadPoolExecutor(4) as pool:
-        site_kafka = pool.submit(start_kafka_cluster, lab)
-        dc_kafka = pool.submit(start_kafka_cluster, lab, "dc-")
-        cassandra = {name: pool.submit(start_cassandra, lab, name, dc, heap="1G", memory="3g")
-                     for name, dc in (("cassandra", SITE), ("dc-cassandra", DATACENTER))}
-        site_kafka, dc_kafka = site_kafka.result(), dc_kafka.result()
-        site_cassandra, dc_cassandra = (f.result() for f in cassandra.values())
+        site_kafka = pool.submit(start_kafka_cluster, lab, zookeeper_env=site_env["zookeeper"],
+                                 broker_env=site_env["kafka"], broker_memory="2g" if site_jvms else "1g")
+        dc_kafka = pool.submit(start_kafka_cluster, lab, "dc-") if datacenter else None
+        cassandra = {name: pool.submit(start_cassandra, lab, name, dc, heap="1G", memory="3g",
+                                       env=site_env["cassandra"] if dc == SITE else None)
+                     for name, dc in (("cassandra", SITE), ("dc-cassandra", DATACENTER))
+                     if datacenter or dc == SITE}
+        site_kafka, dc_kafka = site_kafka.result(), dc_kafka and dc_kafka.result()
+        site_cassandra = cassandra["cassandra"].result()
+        dc_cassandra = cassandra["dc-cassandra"].result() if datacenter else None
     _topics(site_kafka, "edge")
-    _topics(dc_kafka, "datacenter")
+    if dc_kafka:
+        _topics(dc_kafka, "datacenter")
 
     log("setup", "starting mosquitto and the bridge", force=True)
     secrets = work / "mosquitto"
@@ -162,20 +187,36 @@ def start(lab: Lab, work: Path, devices: dict[str, str]) -> Pipeline:
             env=environment(rendered.edge["bridge"], BRIDGE_KAFKA_BOOTSTRAP=site_kafka.internal,
                             BRIDGE_MQTT_USERNAME=BRIDGE_USER))
 
-    log("setup", "starting the adapters, the threshold detector and MirrorMaker", force=True)
-    for prefix, services, cluster, node, mappings, dc in (
-            ("", rendered.edge, site_kafka, site_cassandra, rendered.edge_mappings, SITE),
-            ("dc-", rendered.datacenter, dc_kafka, dc_cassandra, rendered.datacenter_mappings, DATACENTER)):
+    log("setup", f"starting the adapters, the Spark jobs ({', '.join(jobs)})"
+                 + (" and MirrorMaker" if datacenter else ""), force=True)
+    adapters = [("", rendered.edge, site_kafka, site_cassandra, rendered.edge_mappings, SITE)]
+    if datacenter:
+        adapters.append(("dc-", rendered.datacenter, dc_kafka, dc_cassandra, rendered.datacenter_mappings,
+                         DATACENTER))
+    for prefix, services, cluster, node, mappings, dc in adapters:
         adapter = services["cassandra-adapter"]
         lab.run("services", f"{prefix}cassandra-adapter", *adapter["command"], memory="512m",
                 volumes={_write(work, f"{prefix}adapter-mappings.toml", mappings): "/etc/iot/adapter-mappings.toml:ro"},
                 env=environment(adapter, ADAPTER_KAFKA_BOOTSTRAP=cluster.internal, ADAPTER_CASSANDRA_HOSTS=node.name,
                                 ADAPTER_CASSANDRA_LOCAL_DC=dc, ADAPTER_REPLICATION=f"{dc}:1"))
-    job = next(j for j in stack_render.stack_defaults()["stack_spark"]["jobs"]["edge"] if j["name"] == SPARK_JOB)
-    lab.run("spark", SPARK_JOB, *_spark_command(rendered.edge[SPARK_JOB], job["executor_memory"]),
-            memory="2g", env=environment(rendered.edge[SPARK_JOB], SPARK_MASTER_URL=f"local[{job['cores']}]",
-                                         KAFKA_BOOTSTRAP_SERVERS=site_kafka.internal,
-                                         CHECKPOINT_DIR=f"/tmp/checkpoints/{SPARK_JOB}"))
+    for job in (j for j in stack_render.stack_defaults()["stack_spark"]["jobs"]["edge"] if j["name"] in jobs):
+        name = job["name"]
+        lab.run("spark", name, *_spark_command(rendered.edge[name], job["executor_memory"]),
+                memory="2g", env=environment(rendered.edge[name], SPARK_MASTER_URL=f"local[{job['cores']}]",
+                                             KAFKA_BOOTSTRAP_SERVERS=site_kafka.internal,
+                                             CHECKPOINT_DIR=f"/tmp/checkpoints/{name}"))
+    adapters_up = ["cassandra-adapter"]
+    if datacenter:
+        _start_mirrormaker(lab, work, rendered, site_kafka, dc_kafka)
+        adapters_up.append("dc-cassandra-adapter")
+    for name in ("bridge", *adapters_up):
+        wait_until(f"{name} healthy", lambda n=name: _healthy(lab, n), timeout=180,
+                   on_timeout=lambda n=name: lab.logs(n))
+    return Pipeline(lab, site_kafka, dc_kafka, site_cassandra, dc_cassandra, mqtt["tls"], str(mqtt["ca"]), devices)
+
+
+def _start_mirrormaker(lab: Lab, work: Path, rendered: Rendered, site_kafka: KafkaCluster,
+                       dc_kafka: KafkaCluster) -> None:
     mm2_dir = work / "mirrormaker"
     mm2_dir.mkdir()
     mm2_dir.chmod(0o755)
@@ -183,10 +224,6 @@ def start(lab: Lab, work: Path, devices: dict[str, str]) -> Pipeline:
     lab.run("kafka", "mirrormaker", *rendered.datacenter["mirrormaker"]["command"], memory="1g",
             volumes={str(mm2_dir): "/etc/mirrormaker:ro"},
             env=environment(rendered.datacenter["mirrormaker"], MM2_CONFIG="/etc/mirrormaker/mm2.properties"))
-    for name in ("bridge", "cassandra-adapter", "dc-cassandra-adapter"):
-        wait_until(f"{name} healthy", lambda n=name: _healthy(lab, n), timeout=180,
-                   on_timeout=lambda n=name: lab.logs(n))
-    return Pipeline(lab, site_kafka, dc_kafka, site_cassandra, dc_cassandra, mqtt["tls"], str(mqtt["ca"]), devices)
 
 
 def register_sensors(pipeline: Pipeline, sensors: dict[str, list[str]]) -> None:
