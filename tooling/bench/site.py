@@ -1,6 +1,6 @@
 """Benchmark: what one edge site costs, idle and per reading, and its latencies under load.
 
-    scripts/bench site [--rates 0,500,1000,2000] [--window 60] [--devices 20]
+    scripts/bench site [--rates 0,500,1000,2000] [--window 60] [--devices 20] [--baseline]
 
 One edge site runs as plain containers of the project's images with the settings the stack role renders
 (tooling.testbed.pipeline): ZooKeeper, Kafka, Cassandra (each with the stack's heaps, JVM options and JMX
@@ -19,7 +19,9 @@ the site idle, after --settle seconds of quiet. Then the latencies of every read
 Printed: cores per service per rate, idle, the cost of 1,000 readings/s (the slope of a least-squares line
 through the rates) and memory; then the latencies and counts. What differs from a deployment
 (tooling.testbed.pipeline): Kafka and Cassandra take no logins and Kafka's listeners are plaintext, single
-nodes, no Prometheus, Alertmanager, node exporter or mosquitto-agent. docs/development.md, "Benchmarks".
+nodes, no Prometheus, Alertmanager, node exporter or mosquitto-agent. With --baseline the same site runs first
+with the Spark jobs as they ran before the cuts (back to back, Spark's 10 ms polling), and the ratios follow.
+docs/development.md, "What a site costs".
 """
 from __future__ import annotations
 
@@ -60,6 +62,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--env", action="append", default=[], metavar="SERVICE:NAME=VALUE",
                    help="an environment variable of zookeeper, kafka or cassandra on top of the stack's, to try a "
                         "setting (e.g. kafka:KAFKA_JVM_OPTS=-XX:TieredStopAtLevel=1); repeatable")
+    p.add_argument("--baseline", action="store_true",
+                   help="first run the same site with the Spark jobs as before the cuts (back to back, 10 ms "
+                        "polling) and print the ratios")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     try:
@@ -397,8 +402,14 @@ def warm_up(pipeline, observers: dict, args: argparse.Namespace) -> None:
                      f"{pipeline.lab.all_logs(tail=40)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _args(argv)
+# The baseline: the Spark jobs as they ran before the cuts of docs/development.md ("What a site costs"): back to
+# back (no trigger), an idle query asking Kafka again after Spark's own 10 ms.
+BASELINE = {"job_env": {"TRIGGER_INTERVAL": ""}, "job_conf": {"spark.sql.streaming.pollingDelay": "10ms"}}
+
+
+def run_site(args: argparse.Namespace, name: str, settings: dict) -> tuple[dict[str, float], list[dict]]:
+    """One site with the stack's settings and `settings` (pipeline.start's job_env, job_conf) through every rate;
+    returns the core-seconds of its start-up per service and the figures of each rate."""
     from services.common import names
     from tooling.build.progress import log
     from tooling.testbed import pipeline as stack
@@ -409,10 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     interval = float(str(defaults["stack_prometheus_scrape_interval"]).removesuffix("s"))
     lab, session, observers, results = Lab(), None, {}, []
     site, startup = None, {}
+    log("site", f"{name}: starting the site", force=True)
     try:
         devices = {f"bench-device-{i}": f"bench-device-password-{i}" for i in range(args.devices)}
         pipeline = stack.start(lab, Path(tempfile.mkdtemp(prefix="bench-site-")), devices, datacenter=False,
-                               jobs=SPARK_JOBS, site_jvms=True, site_env=args.env)
+                               jobs=SPARK_JOBS, site_jvms=True, site_env=args.env, **settings)
         session = pipeline.site_cassandra.session(timeout=60)
         site = Site(lab, interval, int(defaults["stack_jmx_exporter_port"]))
         site.scrape(site.targets())
@@ -440,10 +452,43 @@ def main(argv: list[str] | None = None) -> int:
         if session:
             session.cluster.shutdown()
         lab.close()
-    print_table(results, startup)
+    return startup, results
+
+
+def ratio(after: float | None, before: float | None) -> str:
+    return f"{after / before:.2f}x" if after is not None and before else "-"
+
+
+def print_ratios(baseline: list[dict], stack: list[dict]) -> None:
+    """The stack's site against the baseline's, rate by rate: total cores and the p50 latencies."""
+    print("\nthe stack's settings / the baseline (Spark back to back, 10 ms polling), same rates:")
+    before = {r["rate"]: r for r in baseline}
+    for r in stack:
+        b = before.get(r["rate"])
+        if not b:
+            continue
+        total = sum(s["cores"] for s in r["services"].values())
+        cells = [f"cores {ratio(total, sum(s['cores'] for s in b['services'].values()))}"]
+        if r["rate"]:
+            cells += [f"{k} p50 {ratio(r['paths'][k]['p50'], b['paths'][k]['p50'])}" for k in PATHS]
+        print(f"{r['rate']:>7}/s  " + "   ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    runs = ([("baseline", BASELINE)] if args.baseline else []) + [("stack", {})]
+    figures = {name: run_site(args, name, settings) for name, settings in runs}
+    for name, (startup, results) in figures.items():
+        print(f"\n===== {name}" + (": Spark back to back, 10 ms polling" if name == "baseline" else
+                                   ": the stack's settings"))
+        print_table(results, startup)
+    if args.baseline:
+        print_ratios(figures["baseline"][1], figures["stack"][1])
     if args.json:
-        Path(args.json).write_text(json.dumps({"startup": startup, "rates": results}, indent=1))
-    if problems := lost(results):
+        Path(args.json).write_text(json.dumps({name: {"startup": startup, "rates": results}
+                                               for name, (startup, results) in figures.items()}, indent=1))
+    problems = [f"{name}: {p}" for name, (_, results) in figures.items() for p in lost(results)]
+    if problems:
         print("bench site: not everything arrived within --drain: " + "; ".join(problems), file=sys.stderr)
         return 1
     return 0

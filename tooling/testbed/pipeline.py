@@ -124,11 +124,13 @@ def _topics(cluster: KafkaCluster, tier: str) -> None:
         create_topics(cluster, spec["name"], partitions=spec["partitions"], config=config)
 
 
-def _spark_command(service: dict, memory: str) -> list[str]:
-    """The rendered spark-submit, run as the lab runs jobs (local mode): the driver gets the executor's memory."""
+def _spark_command(service: dict, memory: str, conf: dict[str, str] | None = None) -> list[str]:
+    """The rendered spark-submit, run as the lab runs jobs (local mode): the driver gets the executor's memory;
+    `conf` adds `--conf key=value`s (before the job's file, its last argument)."""
     command = list(service["command"])
     command[command.index("--driver-memory") + 1] = memory
-    return command
+    extra = [arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")]
+    return command[:-1] + extra + command[-1:]
 
 
 # What a site's JVMs get from the rendered stack besides the cluster's own settings: heaps, the JVM options
@@ -145,11 +147,13 @@ def jvm_environment(service: dict, exporters: bool) -> dict[str, str]:
 
 def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True,
           jobs: tuple[str, ...] = (SPARK_JOB,), site_jvms: bool = False,
-          site_env: dict[str, dict[str, str]] | None = None) -> Pipeline:
+          site_env: dict[str, dict[str, str]] | None = None, job_env: dict[str, str] | None = None,
+          job_conf: dict[str, str] | None = None) -> Pipeline:
     """Start both tiers (or, without `datacenter`, the edge site alone) and wait until each service is up;
     `work` holds their files. `jobs`: the edge's Spark jobs to run. `site_jvms`: the site's ZooKeeper, Kafka
     and Cassandra get the rendered stack's heaps, JVM options and JMX exporters (tooling.bench.site), and
-    `site_env` ("zookeeper", "kafka" or "cassandra" -> variables) on top."""
+    `site_env` ("zookeeper", "kafka" or "cassandra" -> variables) on top. `job_env` and `job_conf`: more
+    environment and `--conf`s for every Spark job (a benchmark's baseline settings)."""
     rendered = render()
     work.chmod(0o755)
     tiers = "site and datacenter" if datacenter else "site"
@@ -201,10 +205,10 @@ def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True
                                 ADAPTER_CASSANDRA_LOCAL_DC=dc, ADAPTER_REPLICATION=f"{dc}:1"))
     for job in (j for j in stack_render.stack_defaults()["stack_spark"]["jobs"]["edge"] if j["name"] in jobs):
         name = job["name"]
-        lab.run("spark", name, *_spark_command(rendered.edge[name], job["executor_memory"]),
+        lab.run("spark", name, *_spark_command(rendered.edge[name], job["executor_memory"], job_conf),
                 memory="2g", env=environment(rendered.edge[name], SPARK_MASTER_URL=f"local[{job['cores']}]",
                                              KAFKA_BOOTSTRAP_SERVERS=site_kafka.internal,
-                                             CHECKPOINT_DIR=f"/tmp/checkpoints/{name}"))
+                                             CHECKPOINT_DIR=f"/tmp/checkpoints/{name}", **(job_env or {})))
     adapters_up = ["cassandra-adapter"]
     if datacenter:
         _start_mirrormaker(lab, work, rendered, site_kafka, dc_kafka)

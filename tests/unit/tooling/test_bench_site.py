@@ -143,3 +143,25 @@ def test_the_table_fits_the_cost_per_reading_only_through_rates_that_left_cpu_to
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert total.split()[4] == "1.000"          # (0.6 - 0.1) / 500 per reading/s, not the saturated 1000/s
     assert bench_site.saturated(results[2], 2) and not bench_site.saturated(results[1], 2)
+
+
+def test_a_jobs_extra_conf_goes_before_its_file_and_the_baseline_undoes_the_cuts():
+    service = pipeline.render().edge["threshold-detector"]
+    command = pipeline._spark_command(service, "1g", bench_site.BASELINE["job_conf"])
+    assert command[-1] == service["command"][-1] and command[-1].endswith(".py")
+    assert command[-3:-1] == ["--conf", "spark.sql.streaming.pollingDelay=10ms"]
+    assert pipeline._spark_command(service, "1g")[-1] == command[-1]
+    # The stack gives the job a trigger; the baseline's empty one counts as unset (back to back).
+    assert service["environment"]["TRIGGER_INTERVAL"]
+    assert bench_site.BASELINE["job_env"] == {"TRIGGER_INTERVAL": ""}
+
+
+def test_ratios_compare_the_stacks_site_with_the_baseline_rate_by_rate(capsys):
+    baseline = [_result(0, 0.5, 0.5), _result(100, 1.0, 1.0)]
+    stack = [_result(0, 0.1, 0.1), _result(100, 0.8, 0.8)]
+    stack[1]["paths"]["e"] = bench_site.percentiles([1000])
+    baseline[1]["paths"]["e"] = bench_site.percentiles([4000])
+    bench_site.print_ratios(baseline, stack)
+    out = capsys.readouterr().out
+    assert "0/s  cores 0.20x" in out
+    assert "100/s  cores 0.80x" in out and "e p50 0.25x" in out and "a p50 1.00x" in out
