@@ -380,6 +380,7 @@ def warm_up(pipeline, observers: dict, sessions: dict, args: argparse.Namespace)
     spawn = multiprocessing.get_context("spawn")
     device = sorted(pipeline.devices)[0]
     sensors = [f"warm-{device}-{k}" for k in range(20)]
+    stack.register_sensors(pipeline, {device: sensors})    # the bridge dead-letters a sensor not registered to it
     deadline = time.monotonic() + args.warmup_timeout
     while time.monotonic() < deadline:
         results = spawn.Queue()
