@@ -174,10 +174,11 @@ def session(app_name: str, extra: dict[str, str] | None = None) -> SparkSession:
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # 200 state partitions cost seconds per micro-batch on a small site; fixed once checkpointed.
         "spark.sql.shuffle.partitions": "4",
-        # With no trigger interval a query that found no new data asks Kafka again after this delay (10 ms by
-        # default): about 100 ListOffsets a second per query on an idle site. Idle, the site's two jobs and
-        # Kafka took 0.57 core of its 0.61 (scripts/bench site); under load every batch finds data and never
-        # waits, so this only delays the first reading after a quiet spell, by at most the delay.
+        # A query with no trigger interval that found no new data asks Kafka again after this delay (10 ms by
+        # default). On an idle site Kafka then served 211 ListOffsets, 211 DescribeCluster and 422 Metadata
+        # requests a second, and the two jobs and Kafka took 0.46 of the site's 0.50 core; with 1 s, 2, 2 and 5
+        # requests and about 0.1 core in all (scripts/bench site --baseline). A query that finds data never waits,
+        # so this only delays the first reading after a quiet spell, by at most the delay.
         "spark.sql.streaming.pollingDelay": "1s",
         # A Python worker's socket back to the JVM (SPARK_AUTH_SOCKET_TIMEOUT in the worker) gets 15 s
         # by default; on a CPU-starved host that failed queries (CANNOT_OPEN_SOCKET) before they ran.
