@@ -5,9 +5,10 @@ Each service runs with the command and environment the rendered stack gives it (
 and datacenter, readings relayed), single nodes, on one network:
 
   edge        zookeeper, kafka, mosquitto (TLS and logins for devices), bridge, cassandra, cassandra-adapter,
-              threshold-detector (Spark, local mode as the lab runs it)
+              threshold-detector (Spark, local mode as the lab runs it; `jobs` adds rollups)
   datacenter  dc-zookeeper, dc-kafka, mirrormaker (exactly once, the rendered mm2.properties' settings),
               dc-cassandra, dc-cassandra-adapter
+              (without `datacenter`, the edge alone: tooling.bench.site)
 
 What differs from a deployment, and why: Kafka's listeners are plaintext and Cassandra takes no logins
 (single-node test clusters, tooling.testbed.kafka_cluster), so the services run without their
@@ -133,8 +134,8 @@ def _spark_command(service: dict, memory: str, conf: dict[str, str] | None = Non
     return command[:-1] + extra + command[-1:]
 
 
-# What a site's JVMs get from the rendered stack besides the cluster's own settings: heaps, the JVM options
-# the stack sets (stack_jvm_opts) and, with `exporters`, the JMX exporter's port.
+# What a site's JVMs get from the rendered stack besides the test cluster's own settings: heaps, JVM options
+# (KAFKA_JVM_OPTS, JVM_EXTRA_OPTS, when a stack sets them) and, with `exporters`, the JMX exporter's port.
 _JVM_SETTINGS = ("ZOO_HEAP_OPTS", "KAFKA_HEAP_OPTS", "CASSANDRA_HEAP", "KAFKA_JVM_OPTS", "JVM_EXTRA_OPTS")
 
 
@@ -158,14 +159,14 @@ def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True
     work.chmod(0o755)
     tiers = "site and datacenter" if datacenter else "site"
     log("setup", f"starting kafka and cassandra ({tiers})", force=True)
-    site_env = {role: (jvm_environment(rendered.edge[f"{role}-1"], exporters=True) if site_jvms else {})
-                | (site_env or {}).get(role, {}) for role in ("zookeeper", "kafka", "cassandra")}
+    jvm_env = {role: (jvm_environment(rendered.edge[f"{role}-1"], exporters=True) if site_jvms else {})
+               | (site_env or {}).get(role, {}) for role in ("zookeeper", "kafka", "cassandra")}
     with ThreadPoolExecutor(4) as pool:
-        site_kafka = pool.submit(start_kafka_cluster, lab, zookeeper_env=site_env["zookeeper"],
-                                 broker_env=site_env["kafka"], broker_memory="2g" if site_jvms else "1g")
+        site_kafka = pool.submit(start_kafka_cluster, lab, zookeeper_env=jvm_env["zookeeper"],
+                                 broker_env=jvm_env["kafka"], broker_memory="2g" if site_jvms else "1g")
         dc_kafka = pool.submit(start_kafka_cluster, lab, "dc-") if datacenter else None
         cassandra = {name: pool.submit(start_cassandra, lab, name, dc, heap="1G", memory="3g",
-                                       env=site_env["cassandra"] if dc == SITE else None)
+                                       env=jvm_env["cassandra"] if dc == SITE else None)
                      for name, dc in (("cassandra", SITE), ("dc-cassandra", DATACENTER))
                      if datacenter or dc == SITE}
         site_kafka, dc_kafka = site_kafka.result(), dc_kafka and dc_kafka.result()
