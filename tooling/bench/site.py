@@ -2,26 +2,13 @@
 
     scripts/bench site [--rates 0,500,1000,2000] [--window 60] [--devices 20] [--baseline]
 
-One edge site runs as plain containers of the project's images with the settings the stack role renders
-(tooling.testbed.pipeline): ZooKeeper, Kafka, Cassandra (each with the stack's heaps, JVM options and JMX
-exporter), Mosquitto, the bridge, the Cassandra adapter, and the edge's Spark jobs (threshold-detector and
-rollups, local mode as the lab runs them). A scraper stands in for the site's Prometheus: it reads every
-exporter at the stack's scrape interval, so the exporters' cost is counted.
-
-Devices are `mosquitto_pub -l` processes (C, QoS 1, TLS, one device login and sensor each) fed lines by a
-pacer here, so the load generator takes little of the CPU being measured; each reading carries its publish
-time. At each rate the devices publish for --ramp seconds, then for the --window measured: each service's CPU
-from its cgroup's counters (tooling.bench.cgroup) over the window, its memory at the window's end. Rate 0 is
-the site idle, after --settle seconds of quiet. Then the latencies of every reading of the rate:
-
-  a  device -> site Kafka        b  device -> site Cassandra        e  hot reading -> threshold event at the site
-
-Printed: cores per service per rate, idle, the cost of 1,000 readings/s (the slope of a least-squares line
-through the rates) and memory; then the latencies and counts. What differs from a deployment
-(tooling.testbed.pipeline): Kafka and Cassandra take no logins and Kafka's listeners are plaintext, single
-nodes, no Prometheus, Alertmanager, node exporter or mosquitto-agent. With --baseline the same site runs first
-with the Spark jobs as they ran before the cuts (back to back, Spark's 10 ms polling), and the ratios follow.
-docs/development.md, "What a site costs".
+One edge site as plain containers with the settings the stack role renders (tooling.testbed.pipeline): ZooKeeper,
+Kafka, Cassandra, Mosquitto, bridge, adapter, threshold-detector and rollups; a scraper reads the exporters as the
+site's Prometheus would. Devices are `mosquitto_pub -l` processes (C, QoS 1, TLS) fed by a pacer here. Per rate:
+each service's CPU from its cgroup's counters (tooling.bench.cgroup) over --window, its memory, the machine's busy
+cores, Kafka's requests by type, and the latencies a (device -> site Kafka), b (-> site Cassandra) and e (hot
+reading -> threshold event). --baseline runs the same site first with Spark's old settings and prints ratios.
+Method, what differs from a deployment, and the figures: docs/development.md, "What a site costs".
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One edge site and the datacenter as plain containers of the project's images, set up from the stack files
-the stack role renders, for benchmarks of the whole data path (tooling.bench.e2e).
+"""One edge site and the datacenter (or the edge alone) as plain containers of the project's images, set up from
+the stack files the stack role renders, for benchmarks of the data path (tooling.bench.e2e, tooling.bench.site).
 
 Each service runs with the command and environment the rendered stack gives it (inventory.example's site_a
 and datacenter, readings relayed), single nodes, on one network:
@@ -8,7 +8,6 @@ and datacenter, readings relayed), single nodes, on one network:
               threshold-detector (Spark, local mode as the lab runs it; `jobs` adds rollups)
   datacenter  dc-zookeeper, dc-kafka, mirrormaker (exactly once, the rendered mm2.properties' settings),
               dc-cassandra, dc-cassandra-adapter
-              (without `datacenter`, the edge alone: tooling.bench.site)
 
 What differs from a deployment, and why: Kafka's listeners are plaintext and Cassandra takes no logins
 (single-node test clusters, tooling.testbed.kafka_cluster), so the services run without their
