@@ -1,5 +1,5 @@
 """Benchmark: bridge QoS 1 throughput, PUBACK after Kafka ack versus a naive bridge that acks on receipt
-and versus the same bridge on paho-mqtt (tooling.bench.paho_bridge).
+and versus the same bridge on paho-mqtt, two ways (tooling.bench.paho_bridge).
 
     python -m tooling.bench.bridge [--messages 100000] [--publishers 4] [--window 1000]
 
@@ -34,7 +34,7 @@ from services.bridge.rules import Mapping
 from services.bridge.settings import BridgeSettings
 from services.common import names
 from services.common.observability import StopFlag
-from tooling.bench.paho_bridge import PahoBridge
+from tooling.bench.paho_bridge import PahoBridge, PahoLoopBridge
 from tooling.build.progress import log
 from tooling.testbed.docker_lab import Lab, docker, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
@@ -59,9 +59,12 @@ class NaiveBridge(Bridge):
 
 
 # Each drains the same backlog alone, in this order.
-VARIANTS: dict[str, type[Bridge]] = {"naive": NaiveBridge, "late": Bridge, "paho": PahoBridge}
+VARIANTS: dict[str, type[Bridge]] = {"naive": NaiveBridge, "late": Bridge, "paho": PahoBridge,
+                                     "paho-loop": PahoLoopBridge}
 DESCRIPTIONS = {"naive": "PUBACK on receipt", "late": "PUBACK after Kafka ack",
-                "paho": "PUBACK after Kafka ack, paho-mqtt client"}
+                "paho": "PUBACK after Kafka ack, paho-mqtt on its own thread",
+                "paho-loop": "PUBACK after Kafka ack, paho-mqtt on the bridge's loop"}
+PAHO = ("paho", "paho-loop")            # the contenders: the own client must beat the best of them 2x
 
 
 def _subscribe_session(host: str, variant: str, expiry: int) -> None:
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in VARIANTS:
         total, distinct = counts[v]
         rate, finished = rates[v]
-        print(f"  {v:5} ({DESCRIPTIONS[v]}): "
+        print(f"  {v:9} ({DESCRIPTIONS[v]}): "
               f"{rate:>9,.0f} msg/s{'' if finished else ' (timed out, partial)'}   "
               f"in Kafka: {total} records, {distinct} distinct of {args.messages}")
     print(f"  publisher (devices' leg), same run: plaintext 1883 {pub_rate:,.0f} msg/s, TLS 8883 "
@@ -218,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     ratio = rates["late"][0] / rates["naive"][0]
     ok = counts["late"][1] == args.messages and rates["late"][0] >= 20_000
     print(f"  late / naive = {ratio:.2f}; target >= 20,000 msg/s with nothing lost: {'met' if ok else 'NOT met'}")
-    own = rates["late"][0] / rates["paho"][0]
-    print(f"  late (own MQTT client) / paho = {own:.2f}; the own client is kept only at >= 2.00: "
+    best = max(PAHO, key=lambda v: rates[v][0])
+    own = rates["late"][0] / rates[best][0]
+    print(f"  late (own MQTT client) / best paho ({best}) = {own:.2f}; the own client is kept only at >= 2.00: "
           f"{'kept' if own >= 2 else 'NOT justified'}")
-    return 0 if counts["late"][1] == args.messages and counts["paho"][1] == args.messages else 1
+    return 0 if all(counts[v][1] == args.messages for v in ("late", *PAHO)) else 1
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""The bridge with paho-mqtt as its MQTT client: the contender `scripts/bench bridge` runs against the
-bridge's own client (services.mqtt.session), to check the claim that made the project write one.
+"""The bridge with paho-mqtt as its MQTT client, two ways: the contenders `scripts/bench bridge` runs
+against the bridge's own client (services.mqtt.session), to check the claim that made the project write one.
 
 Everything but the MQTT client is the real bridge (services.bridge.app.Bridge): the same Router,
-late-ack Window, idempotent producer, delivery reports and loop. paho-mqtt 2.x is used the way its
-documentation shows for a consumer that acks late: `manual_ack_set(True)`, its own network thread
-(`loop_start`), `ack(mid, qos)` once Kafka has the record. Its callbacks run on that thread, so
-they only hand events to the bridge's loop thread through a queue; the bridge then handles them
-exactly as it handles its own client's. Receive Maximum is the window, as in the bridge, so the
-broker never has more unacked messages out than the window holds.
+late-ack Window, idempotent producer, delivery reports and loop. paho-mqtt 2.x acks late with
+`manual_ack_set(True)` and `ack(mid, qos)` once Kafka has the record; Receive Maximum is the window, as
+in the bridge, so the broker never has more unacked messages out than the window holds.
+- PahoBridge: paho on its own network thread (`loop_start`); its callbacks hand events to the
+  bridge's thread through a queue.
+- PahoLoopBridge: paho's external-loop API on the bridge's own select loop (`socket`, `loop_read`,
+  `loop_write`, `loop_misc`, `on_socket_register_write`): no second thread, no queue, callbacks straight
+  into the bridge, and a turn's PUBACKs leave in one `loop_write`.
 
 Bench-only: not part of the services package and not shipped in an image.
 """
 from __future__ import annotations
 
 import queue
+import select
 import time
 
 import paho.mqtt.client as mqtt
@@ -102,3 +105,90 @@ class PahoBridge(Bridge):
                 self._on_disconnect(*args)
             if read and self.window.room() == 0:
                 return
+
+
+class PahoLoopSession:
+    """The calls the bridge makes on its MQTT client, served by paho-mqtt driven from the bridge's loop.
+    paho's callbacks run inside loop_read, on the bridge's thread, and call the bridge directly."""
+
+    def __init__(self, s: BridgeSettings, bridge: Bridge):
+        self.s, self.messages = s, 0
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=MQTTProtocolVersion.MQTTv5)
+        client.manual_ack_set(True)
+        if s.mqtt_username:
+            client.username_pw_set(s.mqtt_username, s.mqtt_password)
+        # Registered, so ack() only queues the PUBACK: write() sends a turn's worth in one loop_write.
+        client.on_socket_register_write = lambda *_: None
+        client.on_connect = lambda _c, _u, flags, rc, _p: bridge._on_connect(flags.session_present, rc.value, {})
+        client.on_subscribe = lambda _c, _u, mid, codes, _p: bridge._on_subscribe(mid, [c.value for c in codes])
+        client.on_unsubscribe = lambda *_: None
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: bridge._on_disconnect(str(rc))
+
+        def on_message(_c, _u, m) -> None:
+            self.messages += 1
+            bridge._on_message(m.topic, m.payload, m.mid, m.qos, getattr(m.properties, "UserProperty", None))
+        client.on_message = on_message
+        self.paho = client
+
+    @property
+    def sock(self):
+        return self.paho.socket()
+
+    def connect(self) -> None:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.s.session_expiry_s
+        props.ReceiveMaximum = self.s.window
+        self.paho.connect(self.s.mqtt_host, self.s.mqtt_port, self.s.keepalive_s, clean_start=False,
+                          properties=props)
+
+    def subscribe(self, filters: list[str], qos: int = 1) -> int:
+        return self.paho.subscribe([(f, qos) for f in filters])[1]
+
+    def unsubscribe(self, filters: list[str]) -> int:
+        return self.paho.unsubscribe(filters)[1]
+
+    def ack(self, mid: int) -> None:
+        self.paho.ack(mid, 1)
+
+    def want_write(self) -> bool:
+        return self.paho.want_write()
+
+    def write(self) -> None:
+        if self.paho.want_write():
+            self.paho.loop_write()
+
+    def read(self, room: int) -> None:
+        """Up to `room` packets: loop_read takes one PUBLISH a call (its own count is of QoS 2 flows),
+        so call it until a call brings no message (nothing left to read, or another packet)."""
+        for _ in range(room):
+            before = self.messages
+            self.paho.loop_read()
+            if self.messages == before or self.paho.socket() is None:
+                return
+
+    def disconnect(self) -> None:
+        if self.paho.socket() is not None:
+            self.paho.disconnect()
+            self.paho.loop_write()
+
+
+class PahoLoopBridge(Bridge):
+    """The bridge, with paho-mqtt's external loop in place of services.mqtt.session."""
+
+    def _mqtt_client(self) -> PahoLoopSession:        # type: ignore[override]
+        return PahoLoopSession(self.s, self)
+
+    def _io(self, read: bool, timeout: float) -> None:
+        client = self.client
+        sock = client.sock
+        if sock is None:
+            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
+                self._reconnect()
+            time.sleep(min(timeout, 0.05))
+            return
+        room = min(READ_BATCH, self.window.room()) if read else 0
+        readable, _, _ = select.select([sock] if room else [], [sock] if client.want_write() else [], [], timeout)
+        if readable:
+            client.read(room)
+        client.write()
+        client.paho.loop_misc()
