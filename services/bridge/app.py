@@ -191,9 +191,7 @@ class Bridge:
         client = self.client
         sock = client.sock
         if sock is None:
-            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
-                self._reconnect()
-            time.sleep(min(timeout, 0.05))
+            self._wait_to_reconnect(timeout)
             return
         room = min(READ_BATCH, self.window.room()) if read else 0
         if room and client.has_backlog():
@@ -207,6 +205,12 @@ class Bridge:
         if client.want_write():
             client.write()
         client.misc()
+
+    def _wait_to_reconnect(self, timeout: float) -> None:
+        """Not connected: connect again once the backoff allows; otherwise wait a little."""
+        if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
+            self._reconnect()
+        time.sleep(min(timeout, 0.05))
 
     def _reconnect(self) -> None:
         try:

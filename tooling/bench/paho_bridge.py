@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import queue
 import select
-import time
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -28,22 +27,17 @@ from services.bridge.app import READ_BATCH, Bridge
 from services.bridge.settings import BridgeSettings
 
 
-class PahoSession:
-    """The calls the bridge makes on its MQTT client, served by paho-mqtt; paho's callbacks become
-    events (tuples) in `events` for the bridge's thread."""
+class _PahoCalls:
+    """What both paho sessions share: the client as the bridge logs in (v5, manual acks, the window as
+    Receive Maximum, a persistent session) and the calls the bridge makes on it."""
 
-    def __init__(self, s: BridgeSettings, events: queue.SimpleQueue):
-        self.s, self.started = s, False
+    def __init__(self, s: BridgeSettings):
+        self.s = s
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=MQTTProtocolVersion.MQTTv5)
         client.manual_ack_set(True)
         if s.mqtt_username:
             client.username_pw_set(s.mqtt_username, s.mqtt_password)
-        client.on_connect = lambda _c, _u, flags, rc, _p: events.put(("connect", flags.session_present, rc.value))
-        client.on_subscribe = lambda _c, _u, mid, codes, _p: events.put(("suback", mid, [c.value for c in codes]))
         client.on_unsubscribe = lambda *_: None
-        client.on_disconnect = lambda _c, _u, _f, rc, _p: events.put(("disconnect", str(rc)))
-        client.on_message = lambda _c, _u, m: events.put(
-            ("message", m.topic, m.payload, m.mid, m.qos, getattr(m.properties, "UserProperty", None)))
         self.paho = client
 
     def connect(self) -> None:
@@ -52,8 +46,6 @@ class PahoSession:
         props.ReceiveMaximum = self.s.window
         self.paho.connect(self.s.mqtt_host, self.s.mqtt_port, self.s.keepalive_s, clean_start=False,
                           properties=props)
-        self.paho.loop_start()
-        self.started = True
 
     def subscribe(self, filters: list[str], qos: int = 1) -> int:
         return self.paho.subscribe([(f, qos) for f in filters])[1]
@@ -63,6 +55,29 @@ class PahoSession:
 
     def ack(self, mid: int) -> None:
         self.paho.ack(mid, 1)
+
+
+def _user_properties(m) -> list | None:
+    return getattr(m.properties, "UserProperty", None)
+
+
+class PahoSession(_PahoCalls):
+    """paho on its own network thread; its callbacks become events (tuples) in `events` for the bridge's."""
+
+    def __init__(self, s: BridgeSettings, events: queue.SimpleQueue):
+        super().__init__(s)
+        self.started = False
+        client = self.paho
+        client.on_connect = lambda _c, _u, flags, rc, _p: events.put(("connect", flags.session_present, rc.value))
+        client.on_subscribe = lambda _c, _u, mid, codes, _p: events.put(("suback", mid, [c.value for c in codes]))
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: events.put(("disconnect", str(rc)))
+        client.on_message = lambda _c, _u, m: events.put(("message", m.topic, m.payload, m.mid, m.qos,
+                                                          _user_properties(m)))
+
+    def connect(self) -> None:
+        super().connect()
+        self.paho.loop_start()
+        self.started = True
 
     def write(self) -> None:
         """paho sends each PUBACK itself, from ack()."""
@@ -74,7 +89,7 @@ class PahoSession:
 
 
 class PahoBridge(Bridge):
-    """The bridge, with paho-mqtt in place of services.mqtt.session."""
+    """The bridge, with paho-mqtt on its own thread in place of services.mqtt.session."""
 
     def _mqtt_client(self) -> PahoSession:        # type: ignore[override]
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -82,9 +97,7 @@ class PahoBridge(Bridge):
 
     def _io(self, read: bool, timeout: float) -> None:
         if not self.client.started:
-            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
-                self._reconnect()
-            time.sleep(min(timeout, 0.05))
+            self._wait_to_reconnect(timeout)
             return
         if read and self.window.room() == 0:
             return                                # only Kafka can make progress; run() waits in poll
@@ -107,48 +120,28 @@ class PahoBridge(Bridge):
                 return
 
 
-class PahoLoopSession:
-    """The calls the bridge makes on its MQTT client, served by paho-mqtt driven from the bridge's loop.
-    paho's callbacks run inside loop_read, on the bridge's thread, and call the bridge directly."""
+class PahoLoopSession(_PahoCalls):
+    """paho driven from the bridge's loop: its callbacks run inside loop_read, on the bridge's thread, and
+    call the bridge directly."""
 
     def __init__(self, s: BridgeSettings, bridge: Bridge):
-        self.s, self.messages = s, 0
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=MQTTProtocolVersion.MQTTv5)
-        client.manual_ack_set(True)
-        if s.mqtt_username:
-            client.username_pw_set(s.mqtt_username, s.mqtt_password)
+        super().__init__(s)
+        self.messages = 0
+        client = self.paho
         # Registered, so ack() only queues the PUBACK: write() sends a turn's worth in one loop_write.
         client.on_socket_register_write = lambda *_: None
         client.on_connect = lambda _c, _u, flags, rc, _p: bridge._on_connect(flags.session_present, rc.value, {})
         client.on_subscribe = lambda _c, _u, mid, codes, _p: bridge._on_subscribe(mid, [c.value for c in codes])
-        client.on_unsubscribe = lambda *_: None
         client.on_disconnect = lambda _c, _u, _f, rc, _p: bridge._on_disconnect(str(rc))
 
         def on_message(_c, _u, m) -> None:
             self.messages += 1
-            bridge._on_message(m.topic, m.payload, m.mid, m.qos, getattr(m.properties, "UserProperty", None))
+            bridge._on_message(m.topic, m.payload, m.mid, m.qos, _user_properties(m))
         client.on_message = on_message
-        self.paho = client
 
     @property
     def sock(self):
         return self.paho.socket()
-
-    def connect(self) -> None:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = self.s.session_expiry_s
-        props.ReceiveMaximum = self.s.window
-        self.paho.connect(self.s.mqtt_host, self.s.mqtt_port, self.s.keepalive_s, clean_start=False,
-                          properties=props)
-
-    def subscribe(self, filters: list[str], qos: int = 1) -> int:
-        return self.paho.subscribe([(f, qos) for f in filters])[1]
-
-    def unsubscribe(self, filters: list[str]) -> int:
-        return self.paho.unsubscribe(filters)[1]
-
-    def ack(self, mid: int) -> None:
-        self.paho.ack(mid, 1)
 
     def want_write(self) -> bool:
         return self.paho.want_write()
@@ -182,9 +175,7 @@ class PahoLoopBridge(Bridge):
         client = self.client
         sock = client.sock
         if sock is None:
-            if not self.stop.is_set() and time.monotonic() >= self.reconnect_at:
-                self._reconnect()
-            time.sleep(min(timeout, 0.05))
+            self._wait_to_reconnect(timeout)
             return
         room = min(READ_BATCH, self.window.room()) if read else 0
         readable, _, _ = select.select([sock] if room else [], [sock] if client.want_write() else [], [], timeout)

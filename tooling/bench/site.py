@@ -49,6 +49,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--env", action="append", default=[], metavar="SERVICE:NAME=VALUE",
                    help="an environment variable of zookeeper, kafka or cassandra on top of the stack's, to try a "
                         "setting (e.g. kafka:KAFKA_JVM_OPTS=-XX:TieredStopAtLevel=1); repeatable")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for every job on top of the stack's, to try one (e.g. "
+                        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1); repeatable")
     p.add_argument("--baseline", action="store_true",
                    help="first run the same site with the Spark jobs as before the cuts (back to back, 10 ms "
                         "polling) and print the ratios")
@@ -64,6 +67,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         args.env = jvm_overrides(args.env)
     except ValueError as err:
         p.error(f"--env: {err}")
+    try:
+        args.conf = spark_conf(args.conf)
+    except ValueError as err:
+        p.error(f"--conf: {err}")
     if shutil.which("mosquitto_pub") is None:
         p.error("mosquitto_pub is missing: install Debian's mosquitto-clients (scripts/bench does)")
     return args
@@ -79,6 +86,17 @@ def jvm_overrides(items: list[str]) -> dict[str, dict[str, str]]:
             raise ValueError(f"expected zookeeper|kafka|cassandra:NAME=VALUE, got {item!r}")
         overrides.setdefault(service, {})[name] = value
     return overrides
+
+
+def spark_conf(items: list[str]) -> dict[str, str]:
+    """--conf's KEY=VALUE items as {key: value}; a key is a Spark setting (spark.*)."""
+    conf = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not key.startswith("spark.") or not equals:
+            raise ValueError(f"expected spark.KEY=VALUE, got {item!r}")
+        conf[key] = value
+    return conf
 
 
 # ------------------------------------------------------------------ devices
@@ -411,7 +429,9 @@ def run_site(args: argparse.Namespace, name: str, settings: dict) -> tuple[dict[
     try:
         devices = {f"bench-device-{i}": f"bench-device-password-{i}" for i in range(args.devices)}
         pipeline = stack.start(lab, Path(tempfile.mkdtemp(prefix="bench-site-")), devices, datacenter=False,
-                               jobs=SPARK_JOBS, site_jvms=True, site_env=args.env, **settings)
+                               jobs=SPARK_JOBS, site_jvms=True, site_env=args.env,
+                               job_env=settings.get("job_env"),
+                               job_conf={**settings.get("job_conf", {}), **args.conf})
         session = pipeline.site_cassandra.session(timeout=60)
         site = Site(lab, interval, int(defaults["stack_jmx_exporter_port"]))
         site.scrape(site.targets())

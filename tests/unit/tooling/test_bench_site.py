@@ -114,6 +114,14 @@ def test_env_overrides_name_a_site_jvm_and_a_variable():
             bench_site.jvm_overrides([bad])
 
 
+def test_conf_items_are_spark_settings_with_a_value():
+    assert bench_site.spark_conf(["spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -Da=b", "spark.x="]) == {
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -Da=b", "spark.x": ""}
+    for bad in ("spark.x", "ui.enabled=false", "=1"):
+        with pytest.raises(ValueError, match="spark.KEY=VALUE"):
+            bench_site.spark_conf([bad])
+
+
 def test_busy_ticks_are_the_cpu_line_less_idle_and_iowait():
     stat = "cpu  100 5 50 1000 40 1 2 3 0 0\ncpu0 50 2 25 500 20 0 1 1 0 0\n"
     assert bench_site.busy_ticks(stat) == 100 + 5 + 50 + 1 + 2 + 3
