@@ -46,6 +46,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run", type=int, default=25, help="readings per hot or cold run of a sensor (25)")
     p.add_argument("--drain", type=float, default=180, help="max seconds to wait for the last records per rate")
     p.add_argument("--warmup-timeout", type=float, default=900, help="max seconds until the site is warm")
+    p.add_argument("--steady", type=float, default=300,
+                   help="seconds of publishing at the first rate above 0, once the site is warm and before any "
+                        "window, so that the JVMs' JIT compilation is mostly over, as on a site that has run for "
+                        "days (300; 0 measures a freshly started site)")
     p.add_argument("--env", action="append", default=[], metavar="SERVICE:NAME=VALUE",
                    help="an environment variable of zookeeper, kafka or cassandra on top of the stack's, to try a "
                         "setting (e.g. kafka:KAFKA_JVM_OPTS=-XX:TieredStopAtLevel=1); repeatable")
@@ -61,12 +65,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         args.rates = [int(r) for r in args.rates.split(",")]
     except ValueError:
         p.error(f"--rates: expected whole numbers separated by commas, got {args.rates!r}")
-    if min(args.rates) < 0 or args.window <= 0 or args.ramp < 0 or args.devices < 1 or args.run < 1:
-        p.error("--rates must be 0 or more; --window, --devices and --run positive; --ramp 0 or more")
+    if min(args.rates) < 0 or args.window <= 0 or args.ramp < 0 or args.steady < 0 or args.devices < 1 or args.run < 1:
+        p.error("--rates must be 0 or more; --window, --devices and --run positive; --ramp and --steady 0 or more")
     try:
         args.env = jvm_overrides(args.env)
     except ValueError as err:
         p.error(f"--env: {err}")
+    args.conf_items = list(args.conf) + [f"{k}:{n}={v}" for k, pairs in args.env.items() for n, v in pairs.items()]
     try:
         args.conf = spark_conf(args.conf)
     except ValueError as err:
@@ -407,6 +412,33 @@ def warm_up(pipeline, observers: dict, args: argparse.Namespace) -> None:
                      f"{pipeline.lab.all_logs(tail=40)}")
 
 
+def run_steady(pipeline, args: argparse.Namespace) -> None:
+    """--steady seconds at the first rate above 0, with sensors of their own (left out of every figure). At 100
+    readings/s on the test machine the detector's JVM still spent a sixth of its CPU compiling after 8 minutes,
+    and a fresh site's window measured a quarter more than one after 7 minutes (docs/development.md)."""
+    from services.common import names
+    from tooling.build.progress import log
+    from tooling.testbed import pipeline as stack
+
+    rate = next((r for r in args.rates if r), 0)
+    if not args.steady or not rate:
+        return
+    devices = sorted(pipeline.devices)
+    sensors = {d: [f"steady-{d}"] for d in devices}
+    stack.register_sensors(pipeline, sensors)
+    feed = Devices(pipeline.mqtt_port, pipeline.mqtt_ca, pipeline.devices,
+                   {d: names.MQTT_READINGS.format(site=stack.SITE, device_id=d, sensor_id=sensors[d][0])
+                    for d in devices}, rate, args.run)
+    log("steady", f"{rate} readings/s for {args.steady:.0f}s before measuring (JIT compilation)", force=True)
+    feed.start()
+    for _ in range(int(args.steady // 30)):
+        time.sleep(30)
+        log("steady", f"{sum(feed.sent.values())} readings sent", force=True)
+    time.sleep(args.steady % 30)
+    if problems := feed.stop():
+        raise SystemExit("bench site: a device failed before the measurements: " + "; ".join(problems))
+
+
 # The baseline: the Spark jobs as they ran before the cuts of docs/development.md ("What a site costs"): back to
 # back (no trigger), an idle query asking Kafka again after Spark's own 10 ms.
 BASELINE = {"job_env": {"TRIGGER_INTERVAL": ""}, "job_conf": {"spark.sql.streaming.pollingDelay": "10ms"}}
@@ -446,6 +478,7 @@ def run_site(args: argparse.Namespace, name: str, settings: dict) -> tuple[dict[
         startup = {s: c.cpu_ns / 1e9 for s, c in site.counters().items()}
         log("warm-up", "core-seconds since start: " + json.dumps({s: round(v, 1) for s, v in startup.items()}),
             force=True)
+        run_steady(pipeline, args)
         for rate in args.rates:
             results.append(run_rate(pipeline, site, observers, session, args, rate))
             log("measure", json.dumps(results[-1]), force=True)
@@ -487,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = {name: run_site(args, name, settings) for name, settings in runs}
     for name, (startup, results) in figures.items():
         print(f"\n===== {name}" + (": Spark back to back, 10 ms polling" if name == "baseline" else
-                                   ": the stack's settings"))
+                                   ": the stack's settings")
+              + (f"{'; ' + ', '.join(args.conf_items) if args.conf_items else ''}; measured after {args.steady:.0f}s "
+                 "of steady load (--steady)"))
         print_table(results, startup)
     if args.baseline:
         print_ratios(figures["baseline"][1], figures["stack"][1])
