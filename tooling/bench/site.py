@@ -272,6 +272,21 @@ def per_thousand(points: dict[int, float]) -> float | None:
 
 # ------------------------------------------------------------------ one rate
 
+def sensor_feed(pipeline, tag: str, rate: int, run: int) -> tuple[Devices, dict[str, list[str]]]:
+    """Every device publishing for one new sensor, `<tag>-<device>` (registered first), `rate` readings/s in all;
+    returns the (not yet started) feed and device -> its sensors."""
+    from services.common import names
+    from tooling.testbed import pipeline as stack
+
+    devices = sorted(pipeline.devices)
+    sensors = {d: [f"{tag}-{d}"] for d in devices}
+    stack.register_sensors(pipeline, sensors)
+    feed = Devices(pipeline.mqtt_port, pipeline.mqtt_ca, pipeline.devices,
+                   {d: names.MQTT_READINGS.format(site=stack.SITE, device_id=d, sensor_id=sensors[d][0])
+                    for d in devices}, rate, run)
+    return feed, sensors
+
+
 def run_rate(pipeline, site: Site, observers: dict, session, args: argparse.Namespace, rate: int) -> dict:
     from services.adapter.schema import utc_day
     from services.common import names
@@ -283,12 +298,7 @@ def run_rate(pipeline, site: Site, observers: dict, session, args: argparse.Name
         time.sleep(args.settle)
         return {"rate": 0, **measure(site, args.window)}
     tag = f"r{rate}"
-    devices = sorted(pipeline.devices)
-    sensors = {d: [f"{tag}-{d}"] for d in devices}
-    stack.register_sensors(pipeline, sensors)
-    feed = Devices(pipeline.mqtt_port, pipeline.mqtt_ca, pipeline.devices,
-                   {d: names.MQTT_READINGS.format(site=stack.SITE, device_id=d, sensor_id=sensors[d][0])
-                    for d in devices}, rate, args.run)
+    feed, sensors = sensor_feed(pipeline, tag, rate, args.run)
     begin_ms = int(time.time() * 1000)
     log("measure", f"{rate} readings/s: {args.ramp:.0f}s ramp, then {args.window:.0f}s measured", force=True)
     feed.start()
@@ -416,19 +426,12 @@ def run_steady(pipeline, args: argparse.Namespace) -> None:
     """--steady seconds at the first rate above 0, with sensors of their own (left out of every figure). At 100
     readings/s on the test machine the detector's JVM still spent a sixth of its CPU compiling after 8 minutes,
     and a fresh site's window measured a quarter more than one after 7 minutes (docs/development.md)."""
-    from services.common import names
     from tooling.build.progress import log
-    from tooling.testbed import pipeline as stack
 
     rate = next((r for r in args.rates if r), 0)
     if not args.steady or not rate:
         return
-    devices = sorted(pipeline.devices)
-    sensors = {d: [f"steady-{d}"] for d in devices}
-    stack.register_sensors(pipeline, sensors)
-    feed = Devices(pipeline.mqtt_port, pipeline.mqtt_ca, pipeline.devices,
-                   {d: names.MQTT_READINGS.format(site=stack.SITE, device_id=d, sensor_id=sensors[d][0])
-                    for d in devices}, rate, args.run)
+    feed, _ = sensor_feed(pipeline, "steady", rate, args.run)
     log("steady", f"{rate} readings/s for {args.steady:.0f}s before measuring (JIT compilation)", force=True)
     feed.start()
     for _ in range(int(args.steady // 30)):
@@ -519,10 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = ([("baseline", BASELINE)] if args.baseline else []) + [("stack", {})]
     figures = {name: run_site(args, name, settings) for name, settings in runs}
     for name, (startup, results) in figures.items():
-        print(f"\n===== {name}" + (": Spark back to back, 10 ms polling" if name == "baseline" else
-                                   ": the stack's settings")
-              + (f"{'; ' + ', '.join(args.conf_items) if args.conf_items else ''}; measured after {args.steady:.0f}s "
-                 "of steady load (--steady)"))
+        settings = "Spark back to back, 10 ms polling" if name == "baseline" else "the stack's settings"
+        tried = "".join(f", {item}" for item in args.conf_items)
+        print(f"\n===== {name}: {settings}{tried}; measured after {args.steady:.0f}s of steady load (--steady)")
         print_table(results, startup)
     if args.baseline:
         print_ratios(figures["baseline"][1], figures["stack"][1])
