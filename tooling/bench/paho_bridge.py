@@ -7,16 +7,15 @@ late-ack Window, idempotent producer, delivery reports and loop. paho-mqtt 2.x a
 in the bridge, so the broker never has more unacked messages out than the window holds.
 - PahoBridge: paho on its own network thread (`loop_start`); its callbacks hand events to the
   bridge's thread through a queue.
-- PahoLoopBridge: paho's external-loop API on the bridge's own select loop (`socket`, `loop_read`,
-  `loop_write`, `loop_misc`, `on_socket_register_write`): no second thread, no queue, callbacks straight
-  into the bridge, and a turn's PUBACKs leave in one `loop_write`.
+- PahoLoopBridge: paho's external-loop API (`socket`, `loop_read`, `loop_write`, `loop_misc`,
+  `on_socket_register_write`) driven by the bridge's own select loop (Bridge._io, unchanged): no second
+  thread, no queue, callbacks straight into the bridge, and a turn's PUBACKs leave in one `loop_write`.
 
 Bench-only: not part of the services package and not shipped in an image.
 """
 from __future__ import annotations
 
 import queue
-import select
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -143,8 +142,18 @@ class PahoLoopSession(_PahoCalls):
     def sock(self):
         return self.paho.socket()
 
+    def can_read(self) -> bool:
+        return self.paho.socket() is not None
+
+    def has_backlog(self) -> bool:
+        """paho keeps no buffer of complete packets: what is unread waits in the socket."""
+        return False
+
     def want_write(self) -> bool:
         return self.paho.want_write()
+
+    def misc(self) -> None:
+        self.paho.loop_misc()
 
     def write(self) -> None:
         if self.paho.want_write():
@@ -166,20 +175,8 @@ class PahoLoopSession(_PahoCalls):
 
 
 class PahoLoopBridge(Bridge):
-    """The bridge, with paho-mqtt's external loop in place of services.mqtt.session."""
+    """The bridge, with paho-mqtt's external loop in place of services.mqtt.session: the bridge's own `_io`
+    drives it through the same calls (PahoLoopSession)."""
 
     def _mqtt_client(self) -> PahoLoopSession:        # type: ignore[override]
         return PahoLoopSession(self.s, self)
-
-    def _io(self, read: bool, timeout: float) -> None:
-        client = self.client
-        sock = client.sock
-        if sock is None:
-            self._wait_to_reconnect(timeout)
-            return
-        room = min(READ_BATCH, self.window.room()) if read else 0
-        readable, _, _ = select.select([sock] if room else [], [sock] if client.want_write() else [], [], timeout)
-        if readable:
-            client.read(room)
-        client.write()
-        client.paho.loop_misc()
