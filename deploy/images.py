@@ -18,7 +18,9 @@ def node_images(hostvars_of_host: dict, tier: str, is_manager: bool) -> list[str
     if "iot.cassandra" in labels:
         needed.add("cassandra")
     if "iot.apps" in labels:
-        needed.update({"spark", "services", "prometheus"} | ({"kafka"} if tier == "datacenter" else set()))
+        needed.update({"spark", "services", "prometheus"})
+    if "iot.stateless" in labels:   # bridge, adapter, mosquitto-agent; MirrorMaker at the datacenter
+        needed.update({"services"} | ({"kafka"} if tier == "datacenter" else set()))
     if "iot.mqtt" in labels:
         needed.add("mosquitto")
     return sorted(needed)

@@ -1,8 +1,10 @@
 """A site's topology from its inventory group: where every per-node service runs, validated as it goes.
 
 Per-host variables (all optional except swarm_role): swarm_role (manager | worker); zookeeper_id, kafka_id,
-cassandra_id (1..n, unique in the site: the node runs <role>-<id>); apps_node (the stateless services; one
-host per site); mqtt_node (Mosquitto; one host per edge site); ansible_host (the address others use).
+cassandra_id (1..n, unique in the site: the node runs <role>-<id>); apps_node (one host per site: the apps that
+keep state on a node's volume, Spark and monitoring, and a share of the stateless ones); stateless_node (any
+number of hosts: a share of the stateless services, which survive the loss of any one of these nodes);
+mqtt_node (Mosquitto; one host per edge site); ansible_host (the address others use).
 docs/operations.md ("Inventory", host variables) explains each; a bad value raises DeployError naming the host,
 the variable and the fix.
 """
@@ -44,8 +46,12 @@ def _address(hostvars: dict, host: str) -> str:
     return str(hostvars[host].get("ansible_host") or host)
 
 
+def _flagged(hostvars_of_host: dict, var: str) -> bool:
+    return str(hostvars_of_host.get(var, False)).lower() in ("true", "yes", "1")
+
+
 def _flag(hostvars: dict, hosts: list[str], var: str, what: str, site: str) -> str:
-    chosen = [h for h in hosts if str(hostvars[h].get(var, False)).lower() in ("true", "yes", "1")]
+    chosen = [h for h in hosts if _flagged(hostvars[h], var)]
     if len(chosen) != 1:
         fail(f"site {site}: exactly one host needs {var}=true ({what}); found {chosen or 'none'}")
     return chosen[0]
@@ -82,8 +88,11 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "manager": managers[0],
         "managers": managers,
         "nodes": list(hosts),
-        "apps_node": (apps_node := _flag(hostvars, hosts, "apps_node", "Spark, bridge, adapter, MirrorMaker",
+        "apps_node": (apps_node := _flag(hostvars, hosts, "apps_node", "Spark, Prometheus, Alertmanager",
                                          site_alias)),
+        # Where the stateless services (bridge, adapter, mosquitto-agent, MirrorMaker) may run: by default
+        # one replica of the bridge and of the adapter per node, so a node adds capacity and any one may die.
+        "stateless_nodes": [h for h in hosts if h == apps_node or _flagged(hostvars[h], "stateless_node")],
         # Operators open the site's Prometheus here (HTTPS); its certificate names this address.
         "apps_address": _address(hostvars, apps_node),
         "mqtt_node": (mqtt_node := _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
@@ -127,9 +136,11 @@ def node_labels(hostvars_of_host: dict) -> dict:
         value = hostvars_of_host.get(f"{role}_id")
         if value not in (None, ""):
             labels[f"iot.{role}"] = str(value)
-    for flag in ("apps_node", "mqtt_node"):
-        if str(hostvars_of_host.get(flag, False)).lower() in ("true", "yes", "1"):
+    for flag in ("apps_node", "mqtt_node", "stateless_node"):
+        if _flagged(hostvars_of_host, flag):
             labels[f"iot.{flag.removesuffix('_node')}"] = "true"
+    if _flagged(hostvars_of_host, "apps_node"):
+        labels["iot.stateless"] = "true"     # the apps node takes its share of the stateless services too
     return labels
 
 

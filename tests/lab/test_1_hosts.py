@@ -77,6 +77,21 @@ def test_node_carries_labels_from_inventory(host_of, name):
         if f"{role}_id" in host.variables:
             assert labels.get(f"iot.{role}") == str(host.variables[f"{role}_id"])
     assert ("iot.apps" in labels) == bool(host.variables.get("apps_node"))
+    stateless = bool(host.variables.get("apps_node") or host.variables.get("stateless_node"))
+    assert ("iot.stateless" in labels) == stateless
+
+
+STATELESS_NODES = {site: sorted(h.name for h in lab.DEFAULT_HOSTS if h.site == site and (
+    h.variables.get("apps_node") or h.variables.get("stateless_node"))) for site in SITES}
+
+
+@pytest.mark.parametrize("site, service", [(s, svc) for s in SITES if len(STATELESS_NODES[s]) > 1
+                                           for svc in ("bridge", "cassandra-adapter")])
+def test_a_stateless_service_has_a_replica_on_each_node_that_may_run_it(host_of, site, service):
+    """One replica per node with the iot.stateless label (stack_*_replicas 0), spread one per node by Swarm."""
+    out = host_of(_manager(site)).check_output(
+        f"docker service ps {site}_{service} --filter desired-state=running --format '{{{{.Node}}}}'")
+    assert sorted(out.split()) == STATELESS_NODES[site]
 
 
 @pytest.mark.parametrize("site, service", [(s, svc) for s in SITES for svc in SERVICES[s]])

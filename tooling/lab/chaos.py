@@ -451,6 +451,7 @@ class Lab:
     relay: Relay | None = None             # a relay case's load, written while the datacenter is cut off
     upgrade: upgrade.Upgrade | None = None    # what the rolling-upgrade case did
     killed_ms: tuple[int, int] | None = None  # the last SIGKILL: epoch ms before and after `docker kill`
+    back_s: float | None = None               # a power cut: from `docker start` to the node Ready
 
     def host(self, site: str) -> lab.LabHost:
         return lab.site_managers(self.hosts)[site]
@@ -492,6 +493,28 @@ class Lab:
         """Tasks the service has had (its history): grows by one on every crash or restart."""
         out = lab.host_exec(self.host(site), "docker", "service", "ps", "-q", f"{site}_{service}", check=False)
         return len(out.stdout.split())
+
+    def power_cut(self, host: lab.LabHost, seconds: float) -> None:
+        """Kill a lab host's container (every process of the node at once, as a power cut), start it again
+        after `seconds`, and wait until the site's manager sees the node Ready."""
+        log("chaos", f"power cut of {host.name} ({host.site}) for {seconds:.0f}s")
+        lab.run("docker", "kill", host.container)
+        time.sleep(seconds)
+        started = time.monotonic()
+        lab.run("docker", "start", host.container)
+        lab.wait_for_engine(host)
+        manager = self.host(host.site)
+
+        def ready() -> bool:
+            out = lab.host_exec(manager, "docker", "node", "inspect", host.name, "--format", "{{.Status.State}}",
+                                check=False).stdout.strip()
+            return out == "ready"
+
+        deadline = time.monotonic() + 300
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(2)
+        self.back_s = round(time.monotonic() - started, 1)
+        log("chaos", f"{host.name} started; Ready at its manager after {self.back_s:.0f}s")
 
     def cut(self, on: bool) -> None:
         """Drop (or allow again) all traffic between the datacenter's host and every site's hosts."""
@@ -597,6 +620,20 @@ def _down_for(seconds: float, site: str, service: str) -> Callable[[Lab], None]:
     return inject
 
 
+def _stateless_node(hosts: list[lab.LabHost], site: str) -> lab.LabHost:
+    """The site's node with stateless_node=true (the lab's site-a-2: kafka-2, a bridge and an adapter)."""
+    found = [h for h in hosts if h.site == site and h.variables.get("stateless_node")]
+    if not found:
+        raise RuntimeError(f"{site} has no stateless_node; `scripts/lab add-stateless-node {site}` adds one")
+    return found[0]
+
+
+def _power_cut(seconds: float, site: str) -> Callable[[Lab], None]:
+    def inject(lb: Lab) -> None:
+        lb.power_cut(_stateless_node(lb.hosts, site), seconds)
+    return inject
+
+
 def _cut_for(seconds: float) -> Callable[[Lab], None]:
     """Cut the datacenter off for `seconds`; with lb.relay, write its load meanwhile, then time the drain."""
     def inject(lb: Lab) -> None:
@@ -636,6 +673,11 @@ CASES: dict[str, Case] = {c.name: c for c in (
          alert="ServiceRestarted{job=cassandra}"),
     Case("adapter-kill", "SIGKILL site-a's adapter", lambda lb: lb.kill(SITE, "cassandra-adapter"),
          alert=f"ServiceRestarted{{job=adapter,site={SITE}}}"),
+    # A power cut of the node with a broker and a share of the stateless services (site-a-2): Swarm starts its
+    # bridge and adapter on site-a-1, the other broker leads every partition. Publishing goes on until it is back.
+    Case("node-power-cut-stateless", "site-a-2 (kafka-2, a bridge, an adapter) powered off for 3 min",
+         _power_cut(180, SITE), seconds=600.0, until_done=True, stable_s=300.0,
+         alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}"),
     Case("dc-adapter-down", "datacenter's adapter down for 3 min", _down_for(180, DC, "cassandra-adapter"),
          seconds=200, datacenter=True, alert=f"ServiceNotRunning{{job=adapter,site={DC}}}"),
     Case("mirrormaker-kill", "SIGKILL the datacenter's MirrorMaker", lambda lb: lb.kill(DC, "mirrormaker"),
@@ -729,6 +771,8 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
                              f"({after_kill - before} ms of uncertainty on when it died)")
     if device.refused:
         outcome.notes.append(f"{device.refused} PUBACKs refused")
+    if lb.back_s is not None:
+        outcome.notes.append(f"the node was Ready at its manager {lb.back_s:g}s after it was started")
     _count_events(lb, case, device, started_ms, after, settle_s, outcome)
     if lb.relay:
         _report_drain(lb.relay.drain, outcome)

@@ -79,11 +79,12 @@ def _all_roles(**extra: object) -> dict[str, object]:
             **extra}
 
 
-# site-a has two nodes (a second broker), site-b and the datacenter one each.
+# site-a has two nodes (a second broker, and a share of the stateless services: a second bridge and adapter),
+# site-b and the datacenter one each.
 DEFAULT_HOSTS = (
     LabHost("dc-1", "datacenter", _all_roles()),
     LabHost("site-a-1", "site_a", _all_roles(mqtt_node=True)),
-    LabHost("site-a-2", "site_a", {"swarm_role": "worker", "kafka_id": 2}),
+    LabHost("site-a-2", "site_a", {"swarm_role": "worker", "kafka_id": 2, "stateless_node": True}),
     LabHost("site-b-1", "site_b", _all_roles(mqtt_node=True)),
 )
 
@@ -99,12 +100,16 @@ def role_ids(hosts: list[LabHost], site: str, role: str) -> list[int]:
 
 
 def new_node_host(site: str, hosts: list[LabHost], role: str) -> LabHost:
-    """One more node for `site` that runs only `role` (kafka or cassandra), with the site's next <role>_id."""
+    """One more node for `site` that runs only `role`: kafka or cassandra (with the site's next <role>_id), or
+    stateless (a share of the bridge, the adapter and mosquitto-agent: stateless_node=true)."""
     mine = [h for h in hosts if h.site == site]
     if not mine:
         raise SystemExit(f"lab: no site {site}; sites: {', '.join(sorted({h.site for h in hosts}))}")
-    next_id = max(role_ids(hosts, site, role), default=0) + 1
-    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker", f"{role}_id": next_id})
+    if role == "stateless":
+        runs: dict[str, object] = {"stateless_node": True}
+    else:
+        runs = {f"{role}_id": max(role_ids(hosts, site, role), default=0) + 1}
+    return LabHost(f"{site}-{len(mine) + 1}", mine[0].group, {"swarm_role": "worker", **runs})
 
 
 # ---------------------------------------------------------------- plumbing
@@ -390,12 +395,17 @@ def create_hosts(hosts: list[LabHost]) -> None:
             "-v", f"{host.container}-docker:/var/lib/docker", "--label", f"{LABEL}.volume={host.container}-docker",
             "-e", f"LAB_AUTHORIZED_KEY={public_key}", *HOST_RUN_OPTIONS, image)
     for host in hosts:
-        deadline = time.monotonic() + 90
-        while host_exec(host, "docker", "info", check=False, timeout=30).returncode != 0:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"lab: dockerd in {host.name} did not start; see `docker exec {host.container} "
-                                 "cat /var/log/dockerd.log`")
-            time.sleep(1)
+        wait_for_engine(host)
+
+
+def wait_for_engine(host: LabHost, limit_s: float = 90) -> None:
+    """Until the Docker engine inside the lab host answers."""
+    deadline = time.monotonic() + limit_s
+    while host_exec(host, "docker", "info", check=False, timeout=30).returncode != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"lab: dockerd in {host.name} did not start; see `docker exec {host.container} "
+                             "cat /var/log/dockerd.log`")
+        time.sleep(1)
 
 
 # ---------------------------------------------------------------- inventory
@@ -729,6 +739,10 @@ def down() -> None:
     log("lab", "lab removed")
 
 
+# scripts/lab's commands that add a node to a site, and what the node runs (new_node_host).
+GROW_ROLES = {"add-broker": "kafka", "add-cassandra": "cassandra", "add-stateless-node": "stateless"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -741,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     add_p = sub.add_parser("add-site", help="add an edge site and deploy it (plus the datacenter's relay)")
     add_p.add_argument("site", help="site alias, e.g. site-c")
     add_p.add_argument("--rate", type=float, default=20.0)
-    for command, what in (("add-broker", "Kafka broker"), ("add-cassandra", "Cassandra node")):
+    for command, what in (("add-broker", "Kafka broker"), ("add-cassandra", "Cassandra node"),
+                          ("add-stateless-node", "share of the bridge, the adapter and mosquitto-agent")):
         grow_p = sub.add_parser(command, help=f"add a node with one more {what} to a site and deploy it")
         grow_p.add_argument("site", help="site alias, e.g. site-b")
     remove_p = sub.add_parser("remove-site", help="remove an edge site: its hosts, and at the datacenter its relay "
@@ -791,16 +806,16 @@ def main(argv: list[str] | None = None) -> int:
         register_and_start_devices(hosts, args.rate, sites=[args.site])
         log("lab", f"site {args.site} added in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
-    elif args.command in ("add-broker", "add-cassandra"):
-        role = "kafka" if args.command == "add-broker" else "cassandra"
+    elif args.command in GROW_ROLES:
+        role = GROW_ROLES[args.command]
         host = new_node_host(args.site, hosts, role)
         started = time.monotonic()
         create_hosts([host])
         hosts = existing_hosts()
         # The datacenter too: its relay's bootstrap list names every broker of the site.
         playbook(write_inventory(hosts), "--limit", f"datacenter,{host.group}")
-        log("lab", f"{role}-{host.variables[f'{role}_id']} added to {args.site} on {host.name} "
-                   f"in {time.monotonic() - started:.0f}s")
+        what = f"{role}-{host.variables[f'{role}_id']}" if f"{role}_id" in host.variables else f"a {role} node"
+        log("lab", f"{what} added to {args.site} on {host.name} in {time.monotonic() - started:.0f}s")
         print_status(hosts, check=False)
     elif args.command == "remove-site":
         remove_site(hosts, args.site, args.purge)

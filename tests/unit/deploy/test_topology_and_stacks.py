@@ -70,8 +70,11 @@ def test_bad_site_alias_is_named():
 
 def test_node_labels_and_images_follow_the_host_variables():
     host = {"zookeeper_id": "2", "kafka_id": 2, "apps_node": "true"}
-    assert node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true"}
+    assert node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true", "iot.stateless": "true"}
     assert node_images(host, "edge", False) == ["kafka", "node-exporter", "prometheus", "services", "spark"]
+    assert node_labels({"stateless_node": "yes"}) == {"iot.stateless": "true"}
+    assert node_images({"stateless_node": True}, "edge", False) == ["node-exporter", "services"]
+    assert node_images({"stateless_node": True}, "datacenter", False) == ["kafka", "node-exporter", "services"]
     assert node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "node-exporter", "services"]
     assert node_images({"cassandra_id": 1}, "edge", False) == ["cassandra", "node-exporter"]
     site = {"m": {"swarm_role": "manager", "kafka_id": 1}, "w": {"swarm_role": "worker", "cassandra_id": 1, **host}}
@@ -150,6 +153,32 @@ def test_bridge_gets_a_stable_client_id_per_replica(example):
     hostvars, groups = example
     stack = render("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge"))
     assert _services(stack)["bridge"]["environment"]["BRIDGE_CLIENT_ID"] == "bridge-{{.Task.Slot}}"
+
+
+STATELESS = ["node.labels.iot.stateless == true"]
+
+
+def test_stateless_services_run_on_every_stateless_node_one_replica_of_each_per_node(example):
+    """The bridge, the adapter and mosquitto-agent may run on the apps_node and every stateless_node, and the
+    bridge and the adapter have one replica per such node unless the inventory sets a figure; the apps with
+    state on a node's volume stay on the apps_node."""
+    hostvars, groups = example
+    topology = site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    assert topology["stateless_nodes"] == ["site-a-2", "site-a-3"]     # stateless_node=true, apps_node=true
+    services = _services(render("edge", topology))
+    for name in ("bridge", "cassandra-adapter", "mosquitto-agent"):
+        assert services[name]["deploy"]["placement"]["constraints"] == STATELESS, name
+    assert services["bridge"]["deploy"]["replicas"] == services["cassandra-adapter"]["deploy"]["replicas"] == 2
+    assert services["mosquitto-agent"]["deploy"]["replicas"] == 1
+    for name in ("prometheus", "alertmanager", "threshold-detector"):
+        assert services[name]["deploy"]["placement"]["constraints"] == ["node.labels.iot.apps == true"], name
+    fixed = _services(render("edge", topology, stack_bridge_replicas=3))
+    assert fixed["bridge"]["deploy"]["replicas"] == 3 and fixed["cassandra-adapter"]["deploy"]["replicas"] == 2
+    one = _services(render("edge", site_topology(SMALL_SITE, ["n1"], "site-x", "edge")))
+    assert one["bridge"]["deploy"]["replicas"] == one["cassandra-adapter"]["deploy"]["replicas"] == 1
+    datacenter = _services(render("datacenter", site_topology(hostvars, groups["datacenter"], "datacenter",
+                                                              "datacenter")))
+    assert datacenter["mirrormaker"]["deploy"]["placement"]["constraints"] == STATELESS
 
 
 def test_datacenter_runs_mirrormaker_and_no_mqtt(example):
