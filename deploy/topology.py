@@ -129,6 +129,9 @@ def pki_servers(topology: dict) -> list[dict]:
     return servers
 
 
+NODE_LABELS = tuple(f"iot.{name}" for name in (*ROLES, "apps", "mqtt", "stateless"))   # every label node_labels sets
+
+
 def node_labels(hostvars_of_host: dict) -> dict:
     """Swarm node labels for one host, from its per-host variables."""
     labels = {}
@@ -142,6 +145,12 @@ def node_labels(hostvars_of_host: dict) -> dict:
     if _flagged(hostvars_of_host, "apps_node"):
         labels["iot.stateless"] = "true"     # the apps node takes its share of the stateless services too
     return labels
+
+
+def stale_node_labels(hostvars_of_host: dict) -> list[str]:
+    """The project's labels a host no longer gets (a flag or id taken out of the inventory): the swarm role
+    removes them, so the services they pinned there leave the node."""
+    return sorted(set(NODE_LABELS) - set(node_labels(hostvars_of_host)))
 
 
 def external_bootstrap(topology: dict, port: int) -> str:
@@ -174,4 +183,5 @@ def edge_sites(hostvars: dict, groups: dict, edge_group: str, ignored: list[str]
 
 
 # What ansible/filter_plugins/deploy_filters.py registers, by function name.
-FILTERS = {f.__name__: f for f in (site_topology, node_labels, external_bootstrap, edge_sites, pki_servers)}
+FILTERS = {f.__name__: f for f in (site_topology, node_labels, stale_node_labels, external_bootstrap, edge_sites,
+                                   pki_servers)}

@@ -230,13 +230,14 @@ def _days(ms_values: set[int]) -> set[str]:
         {datetime.now(UTC).strftime("%Y-%m-%d")}
 
 
-def stored(host: lab.LabHost, tier: str, table: str, sensor: str, days: set[str]) -> dict[tuple[int, str], int]:
-    """(event ms, is_last or '') -> write latency ms, of one sensor's rows in `tier`'s Cassandra."""
+def stored(host: lab.LabHost, tier: str, table: str, sensor: str, days: set[str],
+           site: str = SITE) -> dict[tuple[int, str], int]:
+    """(event ms, is_last or '') -> write latency ms, of one sensor of `site` in `tier`'s Cassandra."""
     last = ", is_last" if table == "temperature_threshold_events" else ""
     found: dict[tuple[int, str], int] = {}
     for day in days:
         query = (f"SELECT event_time, write_latency_ms{last} FROM iot.{table} "
-                 f"WHERE site='{SITE}' AND sensor_id='{sensor}' AND day='{day}';")
+                 f"WHERE site='{site}' AND sensor_id='{sensor}' AND day='{day}';")
         for row in cql_rows(host, tier, query):
             if row and row[0][:1].isdigit():
                 found[(_ms(row[0]), row[2] if last else "")] = int(row[1]) if row[1].lstrip("-").isdigit() else 0
@@ -562,9 +563,10 @@ class Case:
     variant: str = "v5"                          # the device (VARIANTS)
     in_flight_s: float | None = None             # lost readings allowed: only those published this long before
                                                  # the kill (in flight at the instant of the crash)
-    alert: str | None = None                     # the alert (monitoring/rules) the fault must fire, at site-a
-                                                 # or the datacenter: Name or Name{label=value} (matches);
+    alert: str | None = None                     # the alert (monitoring/rules) the fault must fire, at the
+                                                 # site or the datacenter: Name or Name{label=value} (matches);
                                                  # None: no alert may fire (the healthy case)
+    site: str = SITE                             # the site the device publishes to and the case counts at
 
 
 @dataclass
@@ -620,17 +622,12 @@ def _down_for(seconds: float, site: str, service: str) -> Callable[[Lab], None]:
     return inject
 
 
-def _stateless_node(hosts: list[lab.LabHost], site: str) -> lab.LabHost:
-    """The site's node with stateless_node=true (the lab's site-a-2: kafka-2, a bridge and an adapter)."""
-    found = [h for h in hosts if h.site == site and h.variables.get("stateless_node")]
-    if not found:
-        raise RuntimeError(f"{site} has no stateless_node; `scripts/lab add-stateless-node {site}` adds one")
-    return found[0]
-
-
-def _power_cut(seconds: float, site: str) -> Callable[[Lab], None]:
+def _power_cut(seconds: float, name: str) -> Callable[[Lab], None]:
     def inject(lb: Lab) -> None:
-        lb.power_cut(_stateless_node(lb.hosts, site), seconds)
+        hosts = {h.name: h for h in lb.hosts}
+        if name not in hosts:
+            raise RuntimeError(f"the lab has no host {name}; hosts: {', '.join(sorted(hosts))}")
+        lb.power_cut(hosts[name], seconds)
     return inject
 
 
@@ -676,8 +673,13 @@ CASES: dict[str, Case] = {c.name: c for c in (
     # A power cut of the node with a broker and a share of the stateless services (site-a-2): Swarm starts its
     # bridge and adapter on site-a-1, the other broker leads every partition. Publishing goes on until it is back.
     Case("node-power-cut-stateless", "site-a-2 (kafka-2, a bridge, an adapter) powered off for 3 min",
-         _power_cut(180, SITE), seconds=600.0, until_done=True, stable_s=300.0,
+         _power_cut(180, "site-a-2"), seconds=240.0, until_done=True, stable_s=300.0,
          alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}"),
+    # A single-node site loses everything at once: the device cannot connect until Mosquitto is back and keeps
+    # its readings meanwhile (paho's queue); what Mosquitto had acknowledged and not yet saved is its window.
+    # The site's own Prometheus is down too: the datacenter's FleetSiteCutOff names the site.
+    Case("node-power-cut-single", "site-b's only node powered off for 3 min", _power_cut(180, "site-b-1"),
+         site="site-b", seconds=480.0, stable_s=300.0, allowed_loss=-1, alert="FleetSiteCutOff{site=site-b}"),
     Case("dc-adapter-down", "datacenter's adapter down for 3 min", _down_for(180, DC, "cassandra-adapter"),
          seconds=200, datacenter=True, alert=f"ServiceNotRunning{{job=adapter,site={DC}}}"),
     Case("mirrormaker-kill", "SIGKILL the datacenter's MirrorMaker", lambda lb: lb.kill(DC, "mirrormaker"),
@@ -724,11 +726,11 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     restarts_before = {w: lb.restarts(*w) for w in case.watch}
     log("chaos", f"case {case.name}: {case.fault} at {case.at_s:.0f}s of {case.seconds:.0f}s at {rate:g}/s "
                  f"({case.variant} device)")
-    device = Device(lb.address(SITE), SITE, sensor, variant=case.variant)
+    device = Device(lb.address(case.site), case.site, sensor, variant=case.variant)
     started_ms = int(time.time() * 1000)
     fault_ms: list[int] = []
     fault_over = threading.Event()
-    watch = AlertWatch(hosts, (SITE, DC))
+    watch = AlertWatch(hosts, (case.site, DC))
 
     def fault() -> None:
         watch.start()
@@ -749,14 +751,14 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     fault_over.wait(DRAIN_LIMIT_S + 120)      # a cut's drain outlasts the publishing
     acked = device.acked[sensor]
     days = _days(acked)
-    site = lb.host(SITE)
+    site = lb.host(case.site)
     # Settle: until every acknowledged reading is stored, or nothing new arrived for STABLE_S.
-    rows = _settle(lambda: stored(site, SITE, "temperature_readings", sensor, days),
+    rows = _settle(lambda: stored(site, case.site, "temperature_readings", sensor, days, case.site),
                    lambda found: acked <= {ms for ms, _ in found}, settle_s, case.stable_s)
     stored_ms = {ms for ms, _ in rows}
     after = fault_ms[0] if fault_ms else started_ms
     latencies = [lat for (ms, _), lat in rows.items() if ms >= after]
-    records = kafka_records(lb.bootstrap(SITE), "temperature-data", {sensor}, started_ms - 1000)[sensor]
+    records = kafka_records(lb.bootstrap(case.site), "temperature-data", {sensor}, started_ms - 1000)[sensor]
     outcome = Outcome(case.name, len(acked), len(acked & stored_ms), len(acked - stored_ms),
                       max(0, len(records) - len({r.get("timestamp") for r in records})),
                       round(max(latencies, default=0) / 1000, 1), not_routed=len(device.not_routed),
@@ -864,15 +866,15 @@ def _report_drain(drain: Drain | None, outcome: Outcome) -> None:
 def _count_events(lb: Lab, case: Case, device: Device, started_ms: int, after_ms: int, settle_s: float,
                   outcome: Outcome) -> None:
     """Threshold events of the hot sensors: at the site always, at the datacenter for relay cases."""
-    site, dc = lb.host(SITE), lb.host(DC)
+    site, dc = lb.host(case.site), lb.host(DC)
     expected = device.transitions()
     days = _days({ms for s in device.hot for ms in device.acked[s]})
 
     def events(host: lab.LabHost, tier: str) -> dict[tuple[str, int, str], int]:
         return {(s, ms, last): lat for s in device.hot
-                for (ms, last), lat in stored(host, tier, "temperature_threshold_events", s, days).items()}
+                for (ms, last), lat in stored(host, tier, "temperature_threshold_events", s, days, case.site).items()}
 
-    at_site = _settle(lambda: events(site, SITE), lambda found: len(found) >= expected, settle_s, case.stable_s)
+    at_site = _settle(lambda: events(site, case.site), lambda found: len(found) >= expected, settle_s, case.stable_s)
     outcome.events_expected, outcome.events_site = expected, len(at_site)
     if len(at_site) < expected:
         outcome.notes.append(f"site has {len(at_site)} of {expected} threshold events")
@@ -882,7 +884,7 @@ def _count_events(lb: Lab, case: Case, device: Device, started_ms: int, after_ms
                    case.stable_s)
     outcome.events_dc = len(at_dc)
     outcome.events_lost = len(set(at_site) - set(at_dc))
-    relayed = kafka_records(lb.bootstrap(DC), f"{SITE}.temperature-threshold-events", set(device.hot),
+    relayed = kafka_records(lb.bootstrap(DC), f"{case.site}.temperature-threshold-events", set(device.hot),
                             started_ms - 1000)
     keys = [(s, r.get("timestamp"), r.get("is_last")) for s, recs in relayed.items() for r in recs]
     outcome.events_duplicated = len(keys) - len(set(keys))

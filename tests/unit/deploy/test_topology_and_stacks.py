@@ -7,7 +7,7 @@ import yaml
 from deploy.images import node_images, site_images
 from deploy.passwords import mqtt_device_hashes, mqtt_service_accounts, registry_htpasswd
 from deploy.swarm import replication_short, rolled_back, unconverged, updating
-from deploy.topology import edge_sites, node_labels, site_topology
+from deploy.topology import edge_sites, node_labels, site_topology, stale_node_labels
 from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, stack_defaults
 
 IGNORED = ["edge", "ungrouped"]
@@ -73,6 +73,10 @@ def test_node_labels_and_images_follow_the_host_variables():
     assert node_labels(host) == {"iot.zookeeper": "2", "iot.kafka": "2", "iot.apps": "true", "iot.stateless": "true"}
     assert node_images(host, "edge", False) == ["kafka", "node-exporter", "prometheus", "services", "spark"]
     assert node_labels({"stateless_node": "yes"}) == {"iot.stateless": "true"}
+    # A flag or id taken out of the inventory: its label goes, so its services leave the node.
+    assert stale_node_labels(host) == ["iot.cassandra", "iot.mqtt"]
+    assert stale_node_labels({}) == ["iot.apps", "iot.cassandra", "iot.kafka", "iot.mqtt", "iot.stateless",
+                                     "iot.zookeeper"]
     assert node_images({"stateless_node": True}, "edge", False) == ["node-exporter", "services"]
     assert node_images({"stateless_node": True}, "datacenter", False) == ["kafka", "node-exporter", "services"]
     assert node_images({"cassandra_id": 1}, "edge", True) == ["cassandra", "kafka", "node-exporter", "services"]
