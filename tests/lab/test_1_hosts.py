@@ -85,6 +85,7 @@ STATELESS_NODES = {site: sorted(h.name for h in lab.DEFAULT_HOSTS if h.site == s
     h.variables.get("apps_node") or h.variables.get("stateless_node"))) for site in SITES}
 
 
+@pytest.mark.smoke      # seconds
 @pytest.mark.parametrize("site, service", [(s, svc) for s in SITES if len(STATELESS_NODES[s]) > 1
                                            for svc in ("bridge", "cassandra-adapter")])
 def test_a_stateless_service_has_a_replica_on_each_node_that_may_run_it(host_of, site, service):
