@@ -53,13 +53,13 @@ def test_faults(lab_hosts, receiver, name, capsys, record_property):
                   f"rate (target {chaos.DRAIN_TARGET:g}x)")
     if case.relay:
         record_property("drain_ratio", outcome.drain_ratio)
-    assert outcome.acknowledged > 0.9 * RATE * case.seconds * 0.5, "the device could hardly publish"
+    assert outcome.acknowledged > 0.9 * case.rate(RATE) * case.seconds * 0.5, "the device could hardly publish"
     if case.in_flight_s is not None:
         assert outcome.lost == outcome.lost_in_flight, \
             (f"{outcome.lost - outcome.lost_in_flight} acknowledged readings of the {case.variant} device lost beyond "
              f"the {outcome.lost_in_flight} in flight at the kill")
     elif case.allowed_loss < 0:
-        assert outcome.lost <= MOSQUITTO_WINDOW_S * RATE, f"Mosquitto's window lost {outcome.lost} readings"
+        assert outcome.lost <= MOSQUITTO_WINDOW_S * case.rate(RATE), f"Mosquitto's window lost {outcome.lost} readings"
     else:
         assert outcome.lost == 0, f"{outcome.lost} acknowledged readings never reached site-a's Cassandra"
     assert outcome.events_lost == 0, f"{outcome.events_lost} threshold events never reached the datacenter"

@@ -567,6 +567,11 @@ class Case:
                                                  # site or the datacenter: Name or Name{label=value} (matches);
                                                  # None: no alert may fire (the healthy case)
     site: str = SITE                             # the site the device publishes to and the case counts at
+    max_rate: float | None = None                # the device publishes at most this (of the suite's rate)
+
+    def rate(self, suite_rate: float) -> float:
+        """The rate the case's device publishes at: the suite's, or the case's lower bound."""
+        return min(suite_rate, self.max_rate) if self.max_rate else suite_rate
 
 
 @dataclass
@@ -677,9 +682,11 @@ CASES: dict[str, Case] = {c.name: c for c in (
          alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}"),
     # A single-node site loses everything at once: the device cannot connect until Mosquitto is back and keeps
     # its readings meanwhile (paho's queue); what Mosquitto had acknowledged and not yet saved is its window.
-    # The site's own Prometheus is down too: the datacenter's FleetSiteCutOff names the site.
+    # The site's own Prometheus is down too: the datacenter's FleetSiteCutOff names the site. At 100/s: one
+    # device's backlog drains at its login's rate limit (250/s) less what it publishes meanwhile.
     Case("node-power-cut-single", "site-b's only node powered off for 3 min", _power_cut(180, "site-b-1"),
-         site="site-b", seconds=480.0, stable_s=300.0, allowed_loss=-1, alert="FleetSiteCutOff{site=site-b}"),
+         site="site-b", seconds=480.0, stable_s=300.0, allowed_loss=-1, alert="FleetSiteCutOff{site=site-b}",
+         max_rate=100.0),
     Case("dc-adapter-down", "datacenter's adapter down for 3 min", _down_for(180, DC, "cassandra-adapter"),
          seconds=200, datacenter=True, alert=f"ServiceNotRunning{{job=adapter,site={DC}}}"),
     Case("mirrormaker-kill", "SIGKILL the datacenter's MirrorMaker", lambda lb: lb.kill(DC, "mirrormaker"),
@@ -720,6 +727,7 @@ def _settle(probe: Callable[[], dict], done: Callable[[dict], bool], limit_s: fl
 def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s: float = 600.0,
              receiver: AlertLog | None = None) -> Outcome:
     """One case; with the lab's alert receiver listening, also whether its alert reached it (a note)."""
+    rate = case.rate(rate)
     run = uuid.uuid4().hex[:6]
     sensor = f"chaos-{case.name}-{run}"
     lb = Lab(hosts, Relay(f"{sensor}-relay", rate) if case.relay else None)
