@@ -43,6 +43,8 @@ GATE_COUNTERS: dict[str, tuple[str, str]] = {
                      "device logins refused because no bridge had subscribed since Mosquitto started"),
     "rate_limited": ("mosquitto_gate_rate_limited_total",
                      "device connections closed for publishing over their rate (all devices)"),
+    "rested": ("mosquitto_gate_rested_total",
+               "device logins refused at CONNECT while their rate bucket refills after going over it"),
     "control": ("mosquitto_gate_control_total", "control requests the plugin handled"),
     "offences": ("mosquitto_gate_offences_counted_total",
                  "offences of every login since Mosquitto started (mosquitto_gate_offences_total names the "

@@ -29,6 +29,7 @@ from tooling.build.progress import log
 from tooling.lab import lab, upgrade
 from tooling.lab.alerts_seen import AlertWatch, key, matches
 from tooling.testbed.alert_receiver import AlertLog
+from tooling.testbed.windowed_client import WindowedClient
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -89,7 +90,8 @@ class Device:
         if register:
             lab.register_sensors(site, self.device, [sensor, *self.hot], bootstrap=f"{host}:9094")
         protocol = mqtt.MQTTv5 if self.variant.protocol == "5" else mqtt.MQTTv311
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=protocol)
+        # Its window kept after a reconnection too, as docs/operations.md asks of a device.
+        self.client = WindowedClient(mqtt.CallbackAPIVersion.VERSION2, client_id=self.device, protocol=protocol)
         self.client.username_pw_set(self.device, lab.device_password(self.device))
         self.client.tls_set(ca_certs=str(lab.pki_dir() / "ca.crt"))
         self.client.reconnect_delay_set(0.2, 2)

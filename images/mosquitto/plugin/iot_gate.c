@@ -34,6 +34,14 @@
 #define MAX_SALT 64
 #define OFFENDERS 50                 /* devices whose offences the stats name (the most recent ones) */
 #define RECONNECTS_PER_MINUTE 10     /* more connections of one device in a minute are an offence */
+/* Over its rate, a device's connection closes without PUBACK. Closing at the first QoS 1 reading over would
+ * also lose the PUBACKs Mosquitto has just written for the readings before it (a close with unread data is a
+ * TCP reset), so a device that pipelines its backlog would resend the same readings for ever
+ * (docs/faults.md, "A device whose backlog outgrows its burst"). So the connection lives GRACE_S more, its
+ * readings taken on credit (at most one more burst), and the login then rests: refused at CONNECT until its
+ * bucket holds REST_S of its rate again. QoS 0 readings, which have no PUBACK, get no credit. */
+#define GRACE_S 1.0
+#define REST_S 1.0
 
 enum role { ROLE_SERVICES, ROLE_DEVICES };
 
@@ -65,8 +73,9 @@ struct device {
 	bool has_secret;
 	struct secret secret;
 	char *line;                    /* its canonical line: persisted, and compared to tell a change */
-	double tokens;                 /* publish rate: token bucket */
+	double tokens;                 /* publish rate: token bucket, below 0 while in debt (GRACE_S) */
 	double refilled_at;
+	double over_since;             /* its connection's first reading over the rate, 0 if none */
 	unsigned long rate_limited;
 	int connections;               /* open connections with its login (more than one: someone else has it) */
 	double minute_start;           /* connections in the current minute, to tell a reconnecting loop */
@@ -104,7 +113,7 @@ static struct {
 	double last_gate_log;
 	struct offender offenders[OFFENDERS];
 	unsigned long auth_ok, auth_refused, unknown_device, gate_refused, acl_denied_publish, acl_denied_subscribe,
-		rate_limited, control, kicked, offences;
+		rate_limited, rested, control, kicked, offences;
 	int instances;
 } g;
 
@@ -272,6 +281,7 @@ static void carry_state(const struct device *from, struct device *to)
 	to->tokens = from->tokens;
 	to->refilled_at = from->refilled_at;
 	to->rate_limited = from->rate_limited;
+	to->over_since = from->over_since;
 	to->connections = from->connections;
 	to->minute_start = from->minute_start;
 	to->minute_connects = from->minute_connects;
@@ -419,6 +429,51 @@ static bool reserved_id(const char *id)
 	return starts_with(id, "bridge-") || starts_with(id, "mosquitto-agent-");
 }
 
+/* ------------------------------------------------------------------ publish rate */
+
+static void refill(struct device *d)
+{
+	double t = now_s();
+	d->tokens += (t - d->refilled_at) * g.rate;
+	if(d->tokens > g.burst) d->tokens = g.burst;
+	d->refilled_at = t;
+}
+
+/* True when the device may publish one more reading of `qos` now (see GRACE_S). */
+static bool within_rate(struct device *d, int qos)
+{
+	if(g.rate <= 0) return true;
+	refill(d);
+	if(d->tokens >= 1.0){
+		d->tokens -= 1.0;
+		d->over_since = 0.0;                      /* back within its rate: a later burst gets its grace */
+		return true;
+	}
+	if(d->over_since == 0.0) d->over_since = d->refilled_at;
+	if(qos > 0 && d->refilled_at - d->over_since < GRACE_S && d->tokens - 1.0 >= -g.burst){
+		d->tokens -= 1.0;                         /* on credit: repaid while the login rests */
+		return true;
+	}
+	d->rate_limited++;
+	g.rate_limited++;
+	offend(d->id, OFF_RATE);
+	if(d->rate_limited == 1 || d->rate_limited % 1000 == 0){
+		mosquitto_log_printf(MOSQ_LOG_WARNING, "iot_gate: device %s publishes faster than %.0f/s (burst %.0f): "
+				"disconnected without PUBACK, %lu times so far (it resends; fix the device or raise "
+				"stack_mqtt_device_max_rate)", d->id, g.rate, g.burst, d->rate_limited);
+	}
+	return false;
+}
+
+/* True while a login that went over its rate must wait before it connects again (REST_S). */
+static bool resting(struct device *d)
+{
+	if(g.rate <= 0) return false;
+	refill(d);
+	double needed = g.rate * REST_S < g.burst ? g.rate * REST_S : g.burst;
+	return d->over_since != 0.0 && d->tokens < needed;
+}
+
 /* ------------------------------------------------------------------ authentication */
 
 static bool has_certificate(struct mosquitto *client)
@@ -484,6 +539,12 @@ static int device_auth(struct mosquitto_evt_basic_auth *ed)
 				user ? user : "-", client_id ? client_id : "-", mosquitto_client_address(ed->client));
 		return MOSQ_ERR_AUTH;
 	}
+	if(resting(d)){
+		/* Closing without CONNACK, as at the gate: the device keeps its readings and retries. */
+		g.rested++;
+		return MOSQ_ERR_CONN_REFUSED;
+	}
+	d->over_since = 0.0;
 	g.auth_ok++;
 	double t = now_s();
 	if(t - d->minute_start > 60.0){
@@ -534,28 +595,6 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 
 /* ------------------------------------------------------------------ access control */
 
-static bool within_rate(struct device *d)
-{
-	if(g.rate <= 0) return true;
-	double t = now_s();
-	d->tokens += (t - d->refilled_at) * g.rate;
-	if(d->tokens > g.burst) d->tokens = g.burst;
-	d->refilled_at = t;
-	if(d->tokens >= 1.0){
-		d->tokens -= 1.0;
-		return true;
-	}
-	d->rate_limited++;
-	g.rate_limited++;
-	offend(d->id, OFF_RATE);
-	if(d->rate_limited == 1 || d->rate_limited % 1000 == 0){
-		mosquitto_log_printf(MOSQ_LOG_WARNING, "iot_gate: device %s publishes faster than %.0f/s (burst %.0f): "
-				"disconnected without PUBACK, %lu times so far (it resends; fix the device or raise "
-				"stack_mqtt_device_max_rate)", d->id, g.rate, g.burst, d->rate_limited);
-	}
-	return false;
-}
-
 static int device_acl(struct mosquitto_evt_acl_check *ed)
 {
 	const char *user = mosquitto_client_username(ed->client);
@@ -589,7 +628,7 @@ static int device_acl(struct mosquitto_evt_acl_check *ed)
 			}
 			/* Over its rate: any error but ACL_DENIED makes Mosquitto close the connection without a
 			 * PUBACK, so nothing is acknowledged and dropped (a denial would be PUBACKed to 3.1.1). */
-			return within_rate(d) ? MOSQ_ERR_SUCCESS : MOSQ_ERR_ADMINISTRATIVE_ACTION;
+			return within_rate(d, ed->qos) ? MOSQ_ERR_SUCCESS : MOSQ_ERR_ADMINISTRATIVE_ACTION;
 		default:
 			return MOSQ_ERR_ACL_DENIED;
 	}
@@ -642,11 +681,11 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 			"{\"ok\":%s,\"command\":\"%s\",\"error\":\"%s\",\"devices\":%u,\"gate_open\":%s,\"uptime_s\":%.0f,"
 			"\"kicked\":%lu,\"counters\":{\"auth_ok\":%lu,\"auth_refused\":%lu,\"unknown_device\":%lu,"
 			"\"gate_refused\":%lu,\"acl_denied_publish\":%lu,\"acl_denied_subscribe\":%lu,\"rate_limited\":%lu,"
-			"\"control\":%lu,\"offences\":%lu},\"offences\":{",
+			"\"rested\":%lu,\"control\":%lu,\"offences\":%lu},\"offences\":{",
 			ok ? "true" : "false", command, error ? error : "", HASH_COUNT(g.devices),
 			g.gate_open ? "true" : "false", difftime(time(NULL), g.started), g.kicked, g.auth_ok,
 			g.auth_refused, g.unknown_device, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe,
-			g.rate_limited, g.control, g.offences);
+			g.rate_limited, g.rested, g.control, g.offences);
 	bool first = true;
 	for(int i = 0; i < OFFENDERS && n > 0 && (size_t)n < size - 400; i++){
 		if(g.offenders[i].id[0] == '\0') continue;

@@ -71,8 +71,8 @@ def test_a_snapshot_of_thousands_fits_mosquittos_default_packet_size():
 
 ANSWER = {"ok": True, "command": "stats", "error": "", "devices": 3, "gate_open": True, "uptime_s": 42, "kicked": 1,
           "counters": {"auth_ok": 5, "auth_refused": 2, "unknown_device": 1, "gate_refused": 7,
-                       "acl_denied_publish": 1, "acl_denied_subscribe": 4, "rate_limited": 9, "control": 11,
-                       "offences": 15},
+                       "acl_denied_publish": 1, "acl_denied_subscribe": 4, "rate_limited": 9, "rested": 5,
+                       "control": 11, "offences": 15},
           "offences": {"press-1": {"rate_limited": 6, "wrong_password": 2}, "press-2": {"rate_limited": 3},
                        "press-3": {"subscribe_denied": 4}}}
 
@@ -148,7 +148,7 @@ def test_a_scrape_shows_sys_figures_plugin_counters_and_settings():
     assert got["mosquitto_messages_dropped_total"] == 4 and got["mosquitto_heap_bytes"] == 2048
     assert got["mosquitto_gate_open"] == 1 and got["mosquitto_devices"] == 3
     assert got["mosquitto_gate_auth_refused_total"] == 2 and got["mosquitto_gate_start_refused_total"] == 7
-    assert got["mosquitto_gate_rate_limited_total"] == 9
+    assert got["mosquitto_gate_rate_limited_total"] == 9 and got["mosquitto_gate_rested_total"] == 5
     assert got['mosquitto_gate_acl_denied_total{action="publish"}'] == 1
     assert got['mosquitto_gate_acl_denied_total{action="subscribe"}'] == 4
     assert got["mosquitto_gate_unknown_device_total"] == 1
