@@ -7,6 +7,7 @@ import socket
 import pytest
 import testinfra
 
+from deploy.topology import NODE_LABELS, node_labels
 from tooling.lab import lab
 
 HOSTS = {h.name: h for h in lab.DEFAULT_HOSTS}
@@ -73,16 +74,12 @@ def test_node_carries_labels_from_inventory(host_of, name):
     host = HOSTS[name]
     raw = host_of(_manager(host.site)).check_output(f"docker node inspect {name} --format '{{{{json .Spec.Labels}}}}'")
     labels = json.loads(raw)
-    for role in ("zookeeper", "kafka", "cassandra"):
-        if f"{role}_id" in host.variables:
-            assert labels.get(f"iot.{role}") == str(host.variables[f"{role}_id"])
-    assert ("iot.apps" in labels) == bool(host.variables.get("apps_node"))
-    stateless = bool(host.variables.get("apps_node") or host.variables.get("stateless_node"))
-    assert ("iot.stateless" in labels) == stateless
+    # The project's labels exactly as deploy/topology.py gives them (its rules: tests/unit, topology tests).
+    assert {k: v for k, v in labels.items() if k in NODE_LABELS} == node_labels(host.variables)
 
 
-STATELESS_NODES = {site: sorted(h.name for h in lab.DEFAULT_HOSTS if h.site == site and (
-    h.variables.get("apps_node") or h.variables.get("stateless_node"))) for site in SITES}
+STATELESS_NODES = {site: sorted(h.name for h in lab.DEFAULT_HOSTS
+                                if h.site == site and "iot.stateless" in node_labels(h.variables)) for site in SITES}
 
 
 @pytest.mark.smoke      # seconds
