@@ -688,7 +688,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
     # its readings meanwhile (paho's queue); what Mosquitto had acknowledged and not yet saved is its window.
     # The site's own Prometheus is down too: the datacenter's FleetSiteCutOff names the site. At 100/s the device
     # comes back with ~30,000 readings, six bursts of its login, and catches up within its rate (250/s) before the
-    # case ends (docs/faults.md, "A device whose backlog outgrows its burst"); at the suite's 200/s it could not.
+    # case ends (docs/faults.md, "A device whose backlog outgrows its burst"); at the suite's 200/s it would gain
+    # only 50/s on its backlog (not run: about 20 minutes).
     Case("node-power-cut-single", "site-b's only node powered off for 3 min", _power_cut(180, "site-b-1"),
          site="site-b", seconds=480.0, stable_s=300.0, allowed_loss=-1, alert="FleetSiteCutOff{site=site-b}",
          max_rate=100.0),
