@@ -4,7 +4,8 @@ Per-host variables (all optional except swarm_role): swarm_role (manager | worke
 cassandra_id (1..n, unique in the site: the node runs <role>-<id>); apps_node (one host per site: the apps that
 keep state on a node's volume, Spark and monitoring, and a share of the stateless ones); stateless_node (any
 number of hosts: a share of the stateless services, which survive the loss of any one of these nodes);
-mqtt_node (Mosquitto; one host per edge site); ansible_host (the address others use).
+mqtt_node (one or more hosts per edge site: Mosquitto runs on one of them and Swarm starts it on another when
+that node dies; devices are given every one's address); ansible_host (the address others use).
 docs/operations.md ("Inventory", host variables) explains each; a bad value raises DeployError naming the host,
 the variable and the fix.
 """
@@ -57,6 +58,14 @@ def _flag(hostvars: dict, hosts: list[str], var: str, what: str, site: str) -> s
     return chosen[0]
 
 
+def _flags(hostvars: dict, hosts: list[str], var: str, what: str, site: str) -> list[str]:
+    chosen = [h for h in hosts if _flagged(hostvars[h], var)]
+    if not chosen:
+        fail(f"site {site}: no host has {var}=true ({what}); set it on at least one host, on two or more "
+             "so that it survives the loss of one")
+    return chosen
+
+
 def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str = "edge") -> dict:
     """Where every per-node service of one site runs, from the inventory."""
     if not isinstance(site_alias, str) or not ALIAS_RE.match(site_alias):
@@ -95,10 +104,12 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "stateless_nodes": [h for h in hosts if h == apps_node or _flagged(hostvars[h], "stateless_node")],
         # Operators open the site's Prometheus here (HTTPS); its certificate names this address.
         "apps_address": _address(hostvars, apps_node),
-        "mqtt_node": (mqtt_node := _flag(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
-                      if tier == "edge" else None),
-        # Devices reach Mosquitto's TLS listener here; its certificate names this address.
-        "mqtt_address": _address(hostvars, mqtt_node) if mqtt_node else None,
+        # Mosquitto runs on one of these (one replica, its port published in host mode where it runs); when
+        # that node dies Swarm starts it on another. Devices are given every address, in this order, and try
+        # them in turn; its certificate names them all.
+        "mqtt_nodes": (mqtt_nodes := _flags(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
+                       if tier == "edge" else []),
+        "mqtt_addresses": [_address(hostvars, h) for h in mqtt_nodes],
         "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
         "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
         # Ids run 1..n, so the first three nodes are always these names, whether or not the site has
@@ -112,7 +123,7 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
 def pki_servers(topology: dict) -> list[dict]:
     """The servers of one site that get a certificate, with the names clients check: each Kafka broker
     (its EXTERNAL address and kafka-<id>), Prometheus and Alertmanager (the apps_node's address, prometheus
-    and alertmanager) and, at an edge site, Mosquitto (the mqtt_node's address and mosquitto). Used by
+    and alertmanager) and, at an edge site, Mosquitto (every mqtt_node's address and mosquitto). Used by
     the pki role."""
     def san(address: str) -> str:
         try:
@@ -124,8 +135,9 @@ def pki_servers(topology: dict) -> list[dict]:
                for k in topology["kafka"]]
     servers.append({"name": "prometheus",  # Prometheus' and Alertmanager's: the monitoring certificate
                     "sans": [san(str(topology["apps_address"])), "DNS:prometheus", "DNS:alertmanager"]})
-    if topology.get("mqtt_address"):
-        servers.append({"name": "mosquitto", "sans": [san(str(topology["mqtt_address"])), "DNS:mosquitto"]})
+    if topology.get("mqtt_addresses"):
+        servers.append({"name": "mosquitto",
+                        "sans": [*(san(str(a)) for a in topology["mqtt_addresses"]), "DNS:mosquitto"]})
     return servers
 
 

@@ -6,6 +6,8 @@ aggregate rate is spread over the sensors round-robin. Each device logs in as it
 (user name = device id, password from the credentials file, a JSON object
 {"<device id>": "<password>"}) over TLS, checking the broker's certificate against
 the CA file, as a real device does: Mosquitto's ACL lets it write only its own topics.
+Given every mqtt_node's address (--host a,b), a device connects to the first that answers and
+moves on to the next when it loses the broker (services/commands/broker_hosts.py).
 Prints sent and acked counts and the achieved rate every few seconds and at the end.
 
 Example: iot-simulator --host 10.20.0.11 --credentials-file site-a-devices.json --ca-file ca.crt \\
@@ -25,7 +27,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from services.commands import fleet
+from services.commands import broker_hosts, fleet
 from services.common import settings
 from services.common.observability import StopFlag
 from services.common.settings import Option
@@ -49,7 +51,9 @@ class Counters:
 # --<name> flags by help group; each also reads the variable shown (services/common/settings.py).
 OPTION_GROUPS: dict[str, tuple[Option, ...]] = {
     "MQTT connection": (
-        Option("host", "SIMULATOR_HOST", "127.0.0.1", "broker host (the certificate must name it)"),
+        Option("host", "SIMULATOR_HOST", "127.0.0.1",
+               "broker host, or every mqtt_node's address separated by commas, tried in turn "
+               "(the certificate must name each)"),
         Option("port", "SIMULATOR_PORT", None, "broker port (default 8883, with --plaintext 1883)", int),
         Option("credentials_file", "SIMULATOR_CREDENTIALS_FILE", None,
                "JSON object of device id -> MQTT password, every device of the fleet "
@@ -100,6 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(err))
     if args.port is None:
         args.port = 1883 if args.plaintext else 8883
+    try:
+        args.hosts = broker_hosts.parse_hosts(args.host)
+    except ValueError as err:
+        p.error(f"--host (SIMULATOR_HOST): {err}")
     if args.rate <= 0:
         p.error("--rate must be positive")
     missing = sorted({s.device_id for s in fleet.build_fleet(args.site, args.devices, 1)} - set(args.credentials))
@@ -145,7 +153,7 @@ def _connect(args: argparse.Namespace, device_id: str, counters: Counters) -> mq
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(device_id, args.credentials[device_id])
     if args.ca_file:
-        client.tls_set(ca_certs=args.ca_file)     # verifies the chain and that the certificate names --host
+        client.tls_set(ca_certs=args.ca_file)     # verifies the chain and that the certificate names the host
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     # QoS 1: called on PUBACK; QoS 0: called once the message is written to the socket.
@@ -160,13 +168,14 @@ def _connect(args: argparse.Namespace, device_id: str, counters: Counters) -> mq
 
     client.on_connect = on_connect
     try:
-        client.connect(args.host, args.port, keepalive=30)
+        host = broker_hosts.connect_first(client, args.hosts, args.port, keepalive=30)
     except OSError as err:     # ssl.SSLError (a certificate that does not verify) is an OSError
-        raise SystemExit(f"iot-simulator: cannot connect device {device_id} to {args.host}:{args.port}: {err}") \
-            from None
+        raise SystemExit(f"iot-simulator: cannot connect device {device_id} to {args.host} port {args.port}: "
+                         f"{err}") from None
+    broker_hosts.follow_hosts(client, args.hosts)
     client.loop_start()
     if not connected.wait(15):
-        raise SystemExit(f"iot-simulator: no answer from MQTT broker {args.host}:{args.port} within 15 s")
+        raise SystemExit(f"iot-simulator: no answer from MQTT broker {host}:{args.port} within 15 s")
     if refused:
         raise SystemExit(f"iot-simulator: broker refused device {device_id}: {refused[0]} "
                          "(check its password in the credentials file and the site's stack_mqtt_devices)")

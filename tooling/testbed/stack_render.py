@@ -95,7 +95,7 @@ def site_files(tier: str, topology: dict, variables: dict) -> dict:
     pki = [f"kafka_{k['id']}_keystore" for k in topology["kafka"]] + ["kafka_ca", "kafka_clients_ca"]
     pki += ["kafka_relay_keystore"] if tier == "datacenter" else []
     pki += ["prometheus_tls_cert", "prometheus_tls_key"]
-    pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_address") else []
+    pki += ["mosquitto_tls_cert", "mosquitto_tls_key"] if topology.get("mqtt_addresses") else []
     pki += ["spark_auth_secret"]
     certificates = tier == "edge" and resolve(variables, "stack_mqtt_device_auth") == "certificate"
     pki += ["mqtt_device_ca"] if certificates else []

@@ -6,14 +6,25 @@ in flight; when the broker closes the connection for its rate, the PUBACKs of ev
 the connection and the device sends the same readings again on every reconnection (docs/faults.md, "A device
 whose backlog outgrows its burst"). This subclass puts the messages beyond the window back in the queue, from
 which paho sends one per PUBACK; the lab's and the integration tests' devices use it.
+
+connect_any does the other thing a device must do at a site with more than one mqtt_node: given every node's
+address, it tries the next whenever a connection cannot be opened (services/commands/broker_hosts.py).
 """
 from __future__ import annotations
 
 import paho.mqtt.client as mqtt
 
+from services.commands import broker_hosts
+
 
 class WindowedClient(mqtt.Client):
     """paho's Client whose resend after a reconnection keeps to `max_inflight_messages`."""
+
+    def connect_any(self, hosts: list[str], port: int, keepalive: int) -> None:
+        """connect_async to the first of `hosts`; paho's loop (loop_start) connects, and reconnects to the next
+        address whenever one cannot be reached (services/commands/broker_hosts.py)."""
+        broker_hosts.follow_hosts(self, hosts)
+        self.connect_async(hosts[0], port, keepalive=keepalive)
 
     def _messages_reconnect_reset_out(self) -> None:
         super()._messages_reconnect_reset_out()

@@ -7,8 +7,8 @@ import yaml
 from deploy.images import node_images, site_images
 from deploy.passwords import mqtt_device_hashes, mqtt_service_accounts, registry_htpasswd
 from deploy.swarm import replication_short, rolled_back, unconverged, updating
-from deploy.topology import edge_sites, node_labels, site_topology, stale_node_labels
-from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, stack_defaults
+from deploy.topology import edge_sites, node_labels, pki_servers, site_topology, stale_node_labels
+from tooling.testbed.stack_render import REPO, group_vars, load_inventory, render, resolve, stack_defaults
 
 IGNORED = ["edge", "ungrouped"]
 
@@ -57,6 +57,8 @@ SMALL_SITE = _hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "ap
     ({**SMALL_SITE, "n2": {"swarm_role": "worker", "zookeeper_id": 2}}, "2 ZooKeeper nodes; use an odd number"),
     (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "mqtt_node": True}),
      "exactly one host needs apps_node=true"),
+    (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True}),
+     "no host has mqtt_node=true .Mosquitto.; set it on at least one host"),
 ])
 def test_bad_inventory_is_named(hostvars, message):
     with pytest.raises(Exception, match=message):
@@ -183,6 +185,28 @@ def test_stateless_services_run_on_every_stateless_node_one_replica_of_each_per_
     datacenter = _services(render("datacenter", site_topology(hostvars, groups["datacenter"], "datacenter",
                                                               "datacenter")))
     assert datacenter["mirrormaker"]["deploy"]["placement"]["constraints"] == STATELESS
+
+
+def test_mosquitto_runs_once_on_any_mqtt_node_and_its_certificate_names_them_all(example):
+    """Two mqtt_nodes (issue 29): one Mosquitto, which Swarm may start on either (its port published where it
+    runs); devices are given both addresses, in inventory order, and the certificate names both."""
+    hostvars, groups = example
+    topology = site_topology(hostvars, groups["site_a"], "site-a", "edge")
+    assert topology["mqtt_nodes"] == ["site-a-1", "site-a-2"]
+    assert topology["mqtt_addresses"] == ["10.20.0.11", "10.20.0.12"]
+    mosquitto = _services(render("edge", topology))["mosquitto"]
+    assert mosquitto["deploy"]["replicas"] == 1
+    assert mosquitto["deploy"]["placement"]["constraints"] == ["node.labels.iot.mqtt == true"]
+    assert mosquitto["ports"] == [{"target": 8883, "published": 8883, "protocol": "tcp", "mode": "host"}]
+    assert {"name": "mosquitto", "sans": ["IP:10.20.0.11", "IP:10.20.0.12", "DNS:mosquitto"]} \
+        in pki_servers(topology)
+    for host in topology["mqtt_nodes"]:
+        assert "mosquitto" in node_images(hostvars[host], "edge", False), host
+    # What the devices role hands a new device (ansible/roles/devices/vars/main.yml, __devices_broker).
+    broker = yaml.safe_load((REPO / "ansible/roles/devices/vars/main.yml").read_text())["__devices_broker"]
+    variables = {"iot_topology": topology, "pki_secrets": {"kafka_ca": "CA"}}
+    assert resolve(variables, broker["mqtt_hosts"].strip("{} ")) == ["10.20.0.11", "10.20.0.12"]
+    assert resolve(variables, broker["mqtt_host"].strip("{} ")) == "10.20.0.11"
 
 
 def test_datacenter_runs_mirrormaker_and_no_mqtt(example):

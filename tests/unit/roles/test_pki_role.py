@@ -1,6 +1,6 @@
 """The pki role, run by ansible-playbook on this machine as the controller: a CA, one certificate per
 broker naming its EXTERNAL address, keystores Kafka's PEM loader reads, Mosquitto's certificate naming
-the address devices use, and a second run that changes nothing (a new CA or certificate would restart
+every address devices may use, and a second run that changes nothing (a new CA or certificate would restart
 every broker)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
-            "mqtt_address": "10.20.0.11", "apps_address": "10.20.0.13"}
+            "mqtt_addresses": ["10.20.0.11", "10.20.0.12"], "apps_address": "10.20.0.13"}
 
 PLAY = """
 - hosts: localhost
@@ -91,9 +91,11 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
         assert address in found and f"kafka-{kafka['id']}" in found, found
 
 
-@pytest.mark.parametrize("server, address", [("mosquitto", "mqtt_address"), ("prometheus", "apps_address")])
-def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(runs, server, address):
-    """Mosquitto (devices reach the mqtt_node) and Prometheus (operators reach the apps_node)."""
+@pytest.mark.parametrize("server, addresses", [("mosquitto", TOPOLOGY["mqtt_addresses"]),
+                                               ("prometheus", [TOPOLOGY["apps_address"]])])
+def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(runs, server, addresses):
+    """Mosquitto (devices reach whichever mqtt_node runs it: every one is named) and Prometheus (operators
+    reach the apps_node)."""
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
@@ -101,7 +103,7 @@ def test_server_gets_a_chain_naming_the_address_clients_use_and_its_key_alone(ru
     assert chain_ca == ca
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [TOPOLOGY[address]]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == addresses
     # Prometheus' certificate is Alertmanager's too (the same apps node, stack-services.j2).
     assert names.get_values_for_type(x509.DNSName) == [server] + (["alertmanager"] if server == "prometheus" else [])
     key = serialization.load_pem_private_key(secrets[f"{server}_tls_key"].encode(), password=None)
