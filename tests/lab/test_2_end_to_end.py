@@ -36,7 +36,8 @@ def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[f
                     for i, t in enumerate(temperatures))
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, "-v", f"{lab.pki_dir() / 'ca.crt'}:/ca.crt:ro",
            images.tag("mosquitto", pins.load()),
-           "mosquitto_pub", "-h", lab.host_ip(site_host), "-p", "8883", "--cafile", "/ca.crt",
+           "mosquitto_pub", "-h", lab.host_ip(lab.mosquitto_host(lab.existing_hosts(), site)), "-p", "8883",
+           "--cafile", "/ca.crt",
            "-u", device, "-P", lab.device_password(device), "-i", device, "-V", "mqttv5", "-q", "1", "-l",
            "-t", names.MQTT_READINGS.format(site=site, device_id=device, sensor_id=sensor)]
     result = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=300)

@@ -23,7 +23,7 @@ SITE = "site-a"
 
 @pytest.fixture(scope="module")
 def address(lab_hosts) -> str:
-    return lab.host_ip(lab.site_managers(lab_hosts)[SITE])
+    return lab.host_ip(lab.mosquitto_host(lab_hosts, SITE))     # the mqtt_node where Mosquitto runs now
 
 
 def _client(name: str, username: str | None, password: str | None) -> mqtt.Client:

@@ -272,7 +272,8 @@ class Honest:
             lab.register_sensors(SITE, device, [sensor], wait_s=0, bootstrap=lb.bootstrap(SITE))
         time.sleep(REGISTRATION_WAIT_S)
         self.devices = [chaos.Device(lb.address(SITE), SITE, sensor, hot_sensors=0, device=device,
-                                     variant="v5-ignore-codes", register=False) for device, sensor in sensors.items()]
+                                     mqtt_hosts=lb.mqtt_addresses(SITE), variant="v5-ignore-codes", register=False)
+                        for device, sensor in sensors.items()]
         self.threads: list[threading.Thread] = []
 
     def start(self, limit_s: float) -> None:
@@ -337,7 +338,7 @@ def alive(lb: chaos.Lab, limit_s: float = ALIVE_LIMIT_S) -> float | None:
 
     def publish() -> None:
         while not done.is_set() and time.time() - started < limit_s:
-            session = Session(lb.address(SITE), device, lab.device_password(device), device, timeout=5)
+            session = Session(lb.mosquitto_address(SITE), device, lab.device_password(device), device, timeout=5)
             code = session.publish(_topic(device, sensor), READING.format(ms=int(time.time() * 1000)), timeout=5)
             session.close()
             if code == 0:
@@ -458,7 +459,8 @@ def subscribe_thief(hosts: list[lab.LabHost], seconds: float = 40.0, sessions: i
             for k in range(sessions):
                 # The first under its own client id; the others under client ids of their own, which the
                 # broker refuses at CONNECT since it binds a login to its device id.
-                session = Session(lb.address(SITE), device, password, device if k == 0 else f"{device}-thief-{k + 1}")
+                session = Session(lb.mosquitto_address(SITE), device, password,
+                                  device if k == 0 else f"{device}-thief-{k + 1}")
                 opened.append(session)
                 if refuses(session.connack):
                     continue
@@ -486,7 +488,8 @@ def session_takeover(hosts: list[lab.LabHost], seconds: float = 40.0, hold_s: fl
         connects = present = refused = received = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            session = Session(lb.address(SITE), device, password, BRIDGE_CLIENT_ID, clean_start=False, timeout=5)
+            session = Session(lb.mosquitto_address(SITE), device, password, BRIDGE_CLIENT_ID, clean_start=False,
+                              timeout=5)
             connects += 1
             codes[hexed(session.connack)] += 1
             if refuses(session.connack):
@@ -524,7 +527,7 @@ def poison_user_properties(hosts: list[lab.LabHost], seconds: float = 60.0, prop
         connacks: Counter = Counter()
         # As a device firmware would: the reading is not acknowledged, so it connects again and resends it.
         for _ in range(resends):
-            session = Session(lb.address(SITE), device, password, device)
+            session = Session(lb.mosquitto_address(SITE), device, password, device)
             connacks[hexed(session.connack)] += 1
             answers[session.answer(session.publish(_topic(device, sensor), reading, properties=props,
                                                    timeout=15))] += 1
@@ -565,7 +568,7 @@ def retained_flood(hosts: list[lab.LabHost], messages: int = 300, size: int = 1_
                     if session is not None:
                         session.close()
                         time.sleep(1)
-                    session = Session(lb.address(SITE), device, password, device, timeout=10)
+                    session = Session(lb.mosquitto_address(SITE), device, password, device, timeout=10)
                     connects += 1
                 if session is None or not session.up or time.monotonic() >= deadline:
                     break
@@ -596,7 +599,7 @@ def _clear_retained(lb: chaos.Lab, topics: list[str], limit_s: float = 300.0) ->
     todo = list(topics)
     deadline = time.monotonic() + limit_s
     while todo and time.monotonic() < deadline:
-        session = Session(lb.address(SITE), device, password, device, timeout=10)
+        session = Session(lb.mosquitto_address(SITE), device, password, device, timeout=10)
         while todo and session.up:
             if session.publish(todo[0], b"", retain=True, timeout=15) is None:
                 break
@@ -614,7 +617,7 @@ def bridge_login_on_device_port(hosts: list[lab.LabHost], read_s: float = 8.0, h
     own (not the bridge's: that would kick the bridge); if accepted, it subscribes to every site's readings
     for read_s. saw: connack, suback, read (readings it received)."""
     def abuse(lb: chaos.Lab, _run: str, saw: dict) -> None:
-        session = Session(lb.address(SITE), "bridge", lab.secret("bridge"), "abuse-bridge-login")
+        session = Session(lb.mosquitto_address(SITE), "bridge", lab.secret("bridge"), "abuse-bridge-login")
         saw.update(connack=session.connack if session.connack is not None else session.closed)
         if session.up:
             saw["suback"] = session.subscribe(names.MQTT_READINGS.format(site="+", device_id="+", sensor_id="+"))
@@ -705,7 +708,8 @@ def flood(hosts: list[lab.LabHost], seconds: float = 60.0, processes: int = 1, q
         lab.register_sensors(SITE, device, [sensor], bootstrap=lb.bootstrap(SITE))
         ms = int(time.time() * 1000)
         lines = "".join(READING.format(ms=ms + i) + "\n" for i in range(burst))
-        cmd = ["mosquitto_pub", "-h", lb.address(SITE), "-p", "8883", "--cafile", str(lab.pki_dir() / "ca.crt"),
+        cmd = ["mosquitto_pub", "-h", lb.mosquitto_address(SITE), "-p", "8883",
+               "--cafile", str(lab.pki_dir() / "ca.crt"),
                "-u", device, "-P", password, "-i", device, "-V", "mqttv5", "-q", str(qos), "-M", "1000", "-l",
                "-t", _topic(device, sensor)]
         results: Counter = Counter()

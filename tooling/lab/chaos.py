@@ -67,10 +67,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 class Device:
     """A paho MQTT client publishing at QoS 1 over TLS as one device login (the site's test device unless
     `device` says which); remembers which readings were acknowledged, as its `variant` (VARIANTS) takes a
-    PUBACK. Registers its sensors to its device first (lab.register_sensors) unless `register` is False."""
+    PUBACK. Registers its sensors to its device first (lab.register_sensors, through `host`'s 9094) unless
+    `register` is False. It is given every mqtt_node's address (`mqtt_hosts`) and tries them in turn."""
 
-    def __init__(self, host: str, site: str, sensor: str, hot_sensors: int = 2, *, device: str | None = None,
-                 variant: str = "v5", register: bool = True):
+    def __init__(self, host: str, site: str, sensor: str, hot_sensors: int = 2, *, mqtt_hosts: list[str],
+                 device: str | None = None, variant: str = "v5", register: bool = True):
         import paho.mqtt.client as mqtt
         self.site, self.sensor = site, sensor
         self.variant = VARIANTS[variant]
@@ -85,7 +86,7 @@ class Device:
         self.refused = 0                                         # other reason codes >= 0x80
         self.published = 0
         self.last_ms = 0
-        # Over TLS to 8883 as every device (its certificate names `host`).
+        # Over TLS to 8883 as every device (its certificate names every mqtt_node's address).
         self.device = device or lab.test_device(site)
         if register:
             lab.register_sensors(site, self.device, [sensor, *self.hot], bootstrap=f"{host}:9094")
@@ -98,7 +99,7 @@ class Device:
         self.client.max_inflight_messages_set(200)
         self.client.max_queued_messages_set(0)
         self.client.on_publish = self._on_publish
-        self.client.connect_async(host, 8883, keepalive=10)
+        self.client.connect_any(mqtt_hosts, 8883, keepalive=10)
         self.client.loop_start()
 
     def _now_ms(self) -> int:
@@ -465,6 +466,13 @@ class Lab:
     def bootstrap(self, site: str) -> str:
         return f"{self.address(site)}:9094"
 
+    def mqtt_addresses(self, site: str) -> list[str]:
+        return lab.mqtt_addresses(self.hosts, site)
+
+    def mosquitto_address(self, site: str) -> str:
+        """Where Mosquitto's port is published now: for a client that takes one address."""
+        return lab.host_ip(lab.mosquitto_host(self.hosts, site))
+
     def container(self, site: str, service: str) -> tuple[lab.LabHost, str]:
         for host in (h for h in self.hosts if h.site == site):
             out = lab.host_exec(host, "docker", "ps", "-q", *service_filter(site, service), check=False).stdout
@@ -572,6 +580,7 @@ class Case:
                                                  # None: no alert may fire (the healthy case)
     site: str = SITE                             # the site the device publishes to and the case counts at
     max_rate: float | None = None                # the device publishes at most this (of the suite's rate)
+    check: Callable[[Lab], None] | None = None   # before the device starts: raises when the lab cannot run it
 
     def rate(self, suite_rate: float) -> float:
         """The rate the case's device publishes at: the suite's, or the case's lower bound."""
@@ -640,6 +649,18 @@ def _power_cut(seconds: float, name: str) -> Callable[[Lab], None]:
     return inject
 
 
+def _mosquitto_on(name: str, runs: bool) -> Callable[[Lab], None]:
+    """A check: Mosquitto runs (or does not run) on host `name`, so that a power cut of it tests what it says."""
+    def check(lb: Lab) -> None:
+        where = lab.mosquitto_host(lb.hosts, SITE).name
+        if (where == name) != runs:
+            hint = ("node-power-cut-mqtt moves it off" if runs is False
+                    else "it moves back when it restarts: `scripts/lab chaos --case mosquitto-kill`")
+            raise RuntimeError(f"Mosquitto runs on {where}, so a power cut of {name} would not test what this case "
+                               f"says ({hint})")
+    return check
+
+
 def _cut_for(seconds: float) -> Callable[[Lab], None]:
     """Cut the datacenter off for `seconds`; with lb.relay, write its load meanwhile, then time the drain."""
     def inject(lb: Lab) -> None:
@@ -679,11 +700,19 @@ CASES: dict[str, Case] = {c.name: c for c in (
          alert="ServiceRestarted{job=cassandra}"),
     Case("adapter-kill", "SIGKILL site-a's adapter", lambda lb: lb.kill(SITE, "cassandra-adapter"),
          alert=f"ServiceRestarted{{job=adapter,site={SITE}}}"),
-    # A power cut of the node with a broker and a share of the stateless services (site-a-2): Swarm starts its
-    # bridge and adapter on site-a-1, the other broker leads every partition. Publishing goes on until it is back.
+    # A power cut of the mqtt_node that runs Mosquitto (site-a-2, a worker: the site's one manager, site-a-1,
+    # must live to start it elsewhere). Swarm starts Mosquitto on site-a-1 and the device, given both
+    # addresses, moves there; what Mosquitto had taken and not yet handed to the bridge is lost with it (its
+    # window when its node dies: docs/operations.md, "When a node dies"), so the loss is measured, not bounded.
+    Case("node-power-cut-mqtt", "site-a-2 (Mosquitto, kafka-2, a bridge, an adapter) powered off for 3 min",
+         _power_cut(180, "site-a-2"), seconds=240.0, until_done=True, stable_s=300.0, allowed_loss=-1,
+         alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}", check=_mosquitto_on("site-a-2", True)),
+    # A power cut of the node with a broker and a share of the stateless services (site-a-2, once Mosquitto
+    # runs on site-a-1): Swarm starts its bridge and adapter on site-a-1, the other broker leads every
+    # partition. Publishing goes on until it is back.
     Case("node-power-cut-stateless", "site-a-2 (kafka-2, a bridge, an adapter) powered off for 3 min",
          _power_cut(180, "site-a-2"), seconds=240.0, until_done=True, stable_s=300.0,
-         alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}"),
+         alert=f"NodeDown{{nodename=site-a-2,site={SITE}}}", check=_mosquitto_on("site-a-2", False)),
     # A single-node site loses everything at once: the device cannot connect until Mosquitto is back and keeps
     # its readings meanwhile (paho's queue); what Mosquitto had acknowledged and not yet saved is its window.
     # The site's own Prometheus is down too: the datacenter's FleetSiteCutOff names the site. At 100/s the device
@@ -737,10 +766,13 @@ def run_case(hosts: list[lab.LabHost], case: Case, rate: float = 200.0, settle_s
     run = uuid.uuid4().hex[:6]
     sensor = f"chaos-{case.name}-{run}"
     lb = Lab(hosts, Relay(f"{sensor}-relay", rate) if case.relay else None)
+    if case.check:
+        case.check(lb)
     restarts_before = {w: lb.restarts(*w) for w in case.watch}
     log("chaos", f"case {case.name}: {case.fault} at {case.at_s:.0f}s of {case.seconds:.0f}s at {rate:g}/s "
                  f"({case.variant} device)")
-    device = Device(lb.address(case.site), case.site, sensor, variant=case.variant)
+    device = Device(lb.address(case.site), case.site, sensor, variant=case.variant,
+                    mqtt_hosts=lb.mqtt_addresses(case.site))
     started_ms = int(time.time() * 1000)
     fault_ms: list[int] = []
     fault_over = threading.Event()

@@ -79,12 +79,14 @@ def _all_roles(**extra: object) -> dict[str, object]:
             **extra}
 
 
-# site-a has two nodes (a second broker, and a share of the stateless services: a second bridge and adapter),
+# site-a has two nodes (a second broker, a share of the stateless services: a second bridge and adapter, and a
+# second mqtt_node: Mosquitto runs on one of the two, where Swarm puts it, the one with fewer tasks at first),
 # site-b and the datacenter one each.
 DEFAULT_HOSTS = (
     LabHost("dc-1", "datacenter", _all_roles()),
     LabHost("site-a-1", "site_a", _all_roles(mqtt_node=True)),
-    LabHost("site-a-2", "site_a", {"swarm_role": "worker", "kafka_id": 2, "stateless_node": True}),
+    LabHost("site-a-2", "site_a", {"swarm_role": "worker", "kafka_id": 2, "stateless_node": True,
+                                   "mqtt_node": True}),
     LabHost("site-b-1", "site_b", _all_roles(mqtt_node=True)),
 )
 
@@ -618,8 +620,23 @@ def services_run(*args: str, detach_name: str | None = None, volumes: dict[str, 
 
 
 def site_managers(hosts: list[LabHost]) -> dict[str, LabHost]:
-    """site alias -> the host that runs its Kafka broker 1 and Mosquitto."""
+    """site alias -> the host that runs its Kafka broker 1 (and the site's Swarm manager)."""
     return {h.site: h for h in hosts if h.variables.get("kafka_id") == 1}
+
+
+def mqtt_addresses(hosts: list[LabHost], site: str) -> list[str]:
+    """Every mqtt_node's address of `site`, in inventory order: what a device is given (it tries them in turn)."""
+    return [host_ip(h) for h in hosts if h.site == site and h.variables.get("mqtt_node")]
+
+
+def mosquitto_host(hosts: list[LabHost], site: str) -> LabHost:
+    """The mqtt_node of `site` whose engine runs Mosquitto now (its port 8883 is published there only)."""
+    for host in (h for h in hosts if h.site == site and h.variables.get("mqtt_node")):
+        out = host_exec(host, "docker", "ps", "-q", "-f", f"label=com.docker.swarm.service.name={site}_mosquitto",
+                        check=False, timeout=60).stdout
+        if out.split():
+            return host
+    raise RuntimeError(f"no mqtt_node of {site} runs a Mosquitto container now")
 
 
 def device_secrets(site: str) -> Path:
@@ -658,7 +675,7 @@ def register_and_start_devices(hosts: list[LabHost], rate: float, sites: list[st
         name = f"iot-lab-devices-{site}"
         run("docker", "rm", "-f", name, check=False)
         log("lab", f"starting simulated devices for {site} at {rate:g} readings/s")
-        services_run("iot-simulator", "--host", address, "--site", site,
+        services_run("iot-simulator", "--host", ",".join(mqtt_addresses(hosts, site)), "--site", site,
                      "--devices", str(FLEET_DEVICES), "--sensors-per-device", "2", "--hot-sensors", "1",
                      "--rate", str(rate), "--tau", "20", detach_name=name,
                      volumes={str(device_secrets(site)): "/run/secrets:ro"})
