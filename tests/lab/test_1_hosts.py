@@ -112,6 +112,7 @@ def test_published_port_answers_from_outside_the_site(lab_hosts, name, port):
         pass
 
 
+@pytest.mark.smoke      # seconds
 @pytest.mark.parametrize("site", [s for s in SITES if any(h.variables.get("mqtt_node") for h in lab.DEFAULT_HOSTS
                                                           if h.site == s)])
 def test_mosquitto_answers_on_the_one_mqtt_node_that_runs_it(lab_hosts, site):
