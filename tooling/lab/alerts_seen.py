@@ -81,7 +81,8 @@ class AlertWatch:
     fault_at: float = 0.0
     before: dict[str, float] = field(default_factory=dict)     # alert key -> value, firing before the fault
     seen: dict[str, float] = field(default_factory=dict)      # alert key -> seconds after the fault
-    errors: int = 0
+    errors: int = 0                                          # polls that got no answer
+    last_error: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -103,8 +104,11 @@ class AlertWatch:
         for site in self.sites:
             try:
                 found.update(firing(self.hosts, site))
-            except OSError:
-                self.errors += 1          # a Prometheus may be briefly away in a fault of its own node
+            # A Prometheus may be briefly away in a fault of its own node. Any error: one that ended the polling
+            # thread (http.client.IncompleteRead is no OSError) would report "nothing fired" for the case.
+            except Exception as err:  # noqa: BLE001
+                self.errors += 1
+                self.last_error = f"{site}: {type(err).__name__}: {err}"
                 complete = False
         return found, complete
 
