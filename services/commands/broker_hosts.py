@@ -3,7 +3,7 @@
 Mosquitto runs on one of the site's mqtt_nodes at a time, its port published only there; when that node dies
 Swarm starts it on another. A device is given every mqtt_node's address (the devices role hands them out as
 `mqtt_hosts`) and, whenever a connection cannot be opened (refused, unreachable, timed out), tries the next
-(docs/operations.md, "Devices"). These helpers do that for a paho-mqtt client; the simulator and the lab's
+(docs/operations.md, "Secrets", Devices). These helpers do that for a paho-mqtt client; the simulator and the lab's
 test devices use them. Tests: tests/unit/commands/test_broker_hosts.py.
 """
 from __future__ import annotations
