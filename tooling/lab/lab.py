@@ -549,6 +549,8 @@ stack_relay_refresh_groups_seconds: 15
 stack_mqtt_max_queued_messages: 150000
 stack_mqtt_max_queued_bytes: 33554432
 health_converge_timeout: 1500
+# Each gate's wait (10 s apart): four lab hosts on two cores take longer than a site's own machines.
+health_retries: 90
 topics_retention_ms: 86400000
 """
 
@@ -602,8 +604,9 @@ def playbook(inventory: Path, *extra: str, name: str = "site.yml") -> float:
     code = proc.wait()
     elapsed = time.monotonic() - started
     if code != 0:
-        raise SystemExit("lab: {} failed after {:.0f}s; failed tasks:\n{}\nlast lines:\n{}".format(
-            name, elapsed, "\n".join(failed_tasks(lines)) or "(none reported)", "\n".join(lines[-60:])))
+        # The failed tasks come last: a CI report keeps only an output's tail.
+        raise SystemExit("lab: {} failed after {:.0f}s; last lines:\n{}\nfailed tasks:\n{}".format(
+            name, elapsed, "\n".join(lines[-60:]), "\n".join(failed_tasks(lines)) or "(none reported)"))
     log("lab", f"{name} finished in {elapsed:.0f}s")
     return elapsed
 
