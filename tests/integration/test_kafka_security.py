@@ -255,3 +255,35 @@ def test_secure_zookeeper_runs_again_without_harm(lab, cluster):
     output = secure_zookeeper(lab, cluster)
     assert "Exception" not in output, output
     assert AdminClient(cluster.client()).list_topics(timeout=10).topics
+
+
+# BROKER (issue 30): the brokers replicate to each other and the controller reaches them over mutual TLS with
+# certificates of the site's brokers CA, which issues nothing else; before it, replication ran on INTERNAL in
+# clear. The cluster's own traffic uses it (inter.broker.listener.name), so the fixture's topics show it works.
+def broker_probe(lab, cluster, conf: dict, user: str = "", password: str = "") -> dict:
+    bootstrap = f"{cluster.broker}:9093"
+    return probe_internal(lab.network, bootstrap, user, password, conf=conf, volumes={cluster.pki: "/pki"})
+
+
+def test_broker_listener_takes_a_brokers_certificate_and_nothing_else(lab, cluster):
+    tls = {"security.protocol": "SSL", "ssl.ca.location": "/pki/brokers-ca.crt"}
+    broker = broker_probe(lab, cluster, tls | {"ssl.certificate.location": "/pki/broker-keystore.pem",
+                                               "ssl.key.location": "/pki/broker-keystore.pem"})
+    assert broker["topics"] is not None and RELAYED in broker["topics"], broker
+    refused = {
+        "no client certificate": broker_probe(lab, cluster, tls),
+        "a certificate of the servers' CA": broker_probe(lab, cluster, tls | {
+            "ssl.certificate.location": "/pki/other.crt", "ssl.key.location": "/pki/other.key"}),
+        "the relay's certificate": broker_probe(lab, cluster, tls | {
+            "ssl.certificate.location": "/pki/relay.crt", "ssl.key.location": "/pki/relay.key"}),
+        "the admin's SCRAM login in clear": broker_probe(lab, cluster, {}, *cluster.admin),
+    }
+    opened = {what: out for what, out in refused.items() if out["topics"] is not None}
+    assert not opened, f"BROKER answered: {opened}"
+
+
+def test_the_brokers_talk_to_each_other_on_broker(lab, cluster):
+    settings = lab.exec(cluster.broker, "grep", "-E", "^(inter.broker.listener.name|listener.security.protocol.map)=",
+                        "/opt/kafka/run/server.properties").stdout.split()
+    assert sorted(settings) == ["inter.broker.listener.name=BROKER",
+                                "listener.security.protocol.map=INTERNAL:SASL_PLAINTEXT,EXTERNAL:SASL_SSL,BROKER:SSL"]

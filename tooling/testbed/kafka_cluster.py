@@ -3,8 +3,9 @@
 Plain clusters open both listeners without TLS or logins (KAFKA_EXTERNAL_PLAINTEXT=1 and
 KAFKA_INTERNAL_PLAINTEXT=1: tests on one machine only). A secure one is set up as the stacks set up a
 site: a throw-away CA and a broker certificate naming 127.0.0.1 (the host's address of it), a clients CA
-and the operator's and the relay's client certificates, EXTERNAL SASL_SSL with mutual TLS and INTERNAL
-SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
+and the operator's and the relay's client certificates, EXTERNAL SASL_SSL with mutual TLS, BROKER (the
+brokers' own, mutual TLS with a brokers CA) and INTERNAL SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL
+authorizer; the broker's own
 principal and the admin's, which the broker writes into ZooKeeper as it starts; and the operator's
 SCRAM user. All three are super users."""
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _ca(name: str):
 
 
 def _issue(ca, name: str, usage, sans=()):
-    """(key, certificate) of `name` from `ca` (key, certificate), for `usage` (an ExtendedKeyUsageOID)."""
+    """(key, certificate) of `name` from `ca` (key, certificate), for `usage` (an ExtendedKeyUsageOID, or a
+    tuple of them)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -86,7 +88,8 @@ def _issue(ca, name: str, usage, sans=()):
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
                .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
-               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+               .add_extension(x509.ExtendedKeyUsage(list(usage) if isinstance(usage, tuple) else [usage]),
+                              critical=False))
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
@@ -97,7 +100,8 @@ def make_pki(directory: Path, broker: str) -> Path:
     and its container name): ca.crt, keystore.pem (PKCS#8 key, certificate, CA); a clients CA (clients-ca.crt)
     and client certificates from it for the operator and the relay (<name>.crt, <name>.key, and
     <name>-keystore.pem for Java clients); other.crt/other.key, a client certificate of the broker's CA (not
-    the clients CA). Returns the CA."""
+    the clients CA); a brokers CA (brokers-ca.crt) and the broker's BROKER certificate from it, CN kafka-broker
+    (broker-keystore.pem). Returns the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -108,11 +112,17 @@ def make_pki(directory: Path, broker: str) -> Path:
         return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
     ca, clients_ca = _ca("iot-stack test CA"), _ca("iot-stack test clients CA")
+    brokers_ca = _ca("iot-stack test brokers CA")
     key, cert = _issue(ca, broker, ExtendedKeyUsageOID.SERVER_AUTH,
                        (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(broker)))
+    broker_key, broker_cert = _issue(brokers_ca, "kafka-broker",
+                                     (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+                                     (x509.DNSName(broker),))
     ca_pem, clients_ca_pem = ca[1].public_bytes(pem), clients_ca[1].public_bytes(pem)
-    files = {"ca.crt": ca_pem, "clients-ca.crt": clients_ca_pem,
-             "keystore.pem": key_pem(key) + cert.public_bytes(pem) + ca_pem}
+    brokers_ca_pem = brokers_ca[1].public_bytes(pem)
+    files = {"ca.crt": ca_pem, "clients-ca.crt": clients_ca_pem, "brokers-ca.crt": brokers_ca_pem,
+             "keystore.pem": key_pem(key) + cert.public_bytes(pem) + ca_pem,
+             "broker-keystore.pem": key_pem(broker_key) + broker_cert.public_bytes(pem) + brokers_ca_pem}
     for name, issuer in (("operator", clients_ca), ("relay", clients_ca), ("other", ca)):
         client_key, client_cert = _issue(issuer, name, ExtendedKeyUsageOID.CLIENT_AUTH)
         files |= {f"{name}.crt": client_cert.public_bytes(pem), f"{name}.key": key_pem(client_key),
@@ -145,7 +155,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
     env = {
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
-        "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://{broker}:9092,EXTERNAL://127.0.0.1:{port}",
+        "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://{broker}:9092,EXTERNAL://127.0.0.1:{port}"
+                                      + (f",BROKER://{broker}:9093" if operator else ""),
         # A single broker cannot hold three replicas of the internal topics.
         "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
         "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
@@ -168,7 +179,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
                 "KAFKA_INTERNAL_USER": "broker", "KAFKA_INTERNAL_PASSWORD_FILE": "/etc/kafka-pki/broker.password",
                 "KAFKA_INTERNAL_JAAS_FILE": "/etc/kafka-pki/broker.jaas",
                 "KAFKA_ADMIN_USER": admin[0], "KAFKA_ADMIN_PASSWORD_FILE": "/etc/kafka-pki/admin.password",
-                "KAFKA_ZOOKEEPER_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password"}
+                "KAFKA_ZOOKEEPER_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password",
+                "KAFKA_BROKER_KEYSTORE_FILE": "/etc/kafka-pki/broker-keystore.pem",
+                "KAFKA_BROKER_CA_FILE": "/etc/kafka-pki/brokers-ca.crt"}
         _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
@@ -253,6 +266,7 @@ conf = {"bootstrap.servers": args["bootstrap"], "socket.timeout.ms": 5000}
 if args["user"]:
     conf |= {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
              "sasl.username": args["user"], "sasl.password": args["password"]}
+conf |= args.get("conf", {})
 errors, out = [], {}
 admin = AdminClient({**conf, "error_cb": lambda e: errors.append(e.name())})
 try:
@@ -272,13 +286,16 @@ print(json.dumps(out))
 
 
 def probe_internal(network: str, bootstrap: str, user: str = "", password: str = "", write: tuple[str, ...] = (),
-                   via: tuple[str, ...] = ()) -> dict:
-    """What a client with this login (none: anonymous) gets on INTERNAL: metadata, errors, and the outcome
-    of writing one record to each of `write`. `via`: a command prefix that runs docker elsewhere (a lab
-    host: docker exec -i <host>)."""
-    cmd = [*via, "docker", "run", "-i", "--rm", "--network", network, image("services"), "python", "-c",
+                   via: tuple[str, ...] = (), conf: dict | None = None, volumes: dict[str, str] | None = None) -> dict:
+    """What a client with this login (none: anonymous) gets on INTERNAL (or whatever `bootstrap` names):
+    metadata, errors, and the outcome of writing one record to each of `write`. `conf`: more client settings
+    (TLS files under `volumes`, host path -> container path). `via`: a command prefix that runs docker
+    elsewhere (a lab host: docker exec -i <host>)."""
+    mounts = [arg for src, dst in (volumes or {}).items() for arg in ("-v", f"{src}:{dst}:ro")]
+    cmd = [*via, "docker", "run", "-i", "--rm", "--network", network, *mounts, image("services"), "python", "-c",
            INTERNAL_PROBE]
-    stdin = json.dumps({"bootstrap": bootstrap, "user": user, "password": password, "write": list(write)})
+    stdin = json.dumps({"bootstrap": bootstrap, "user": user, "password": password, "write": list(write),
+                        "conf": conf or {}})
     result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         raise RuntimeError(f"INTERNAL probe failed ({result.returncode}): {result.stderr[-2000:]}")

@@ -152,7 +152,15 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
             assert service["volumes"][0].startswith(f"{role}-{n}-data:")
             assert f"{role}-{n}-data" in stack["volumes"]
     kafka = services["kafka-2"]["environment"]
-    assert kafka["KAFKA_ADVERTISED_LISTENERS"] == "INTERNAL://kafka-2:9092,EXTERNAL://10.20.0.12:9094"
+    assert kafka["KAFKA_ADVERTISED_LISTENERS"] == \
+        "INTERNAL://kafka-2:9092,BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094"
+    # BROKER (the brokers' replication, mutual TLS): this broker's own keystore and the site's brokers CA.
+    assert {(kafka["KAFKA_BROKER_KEYSTORE_FILE"], kafka["KAFKA_BROKER_CA_FILE"])} == \
+        {("/run/secrets/kafka_broker_keystore.pem", "/run/secrets/kafka_brokers_ca.pem")}
+    targets = {s["target"]: s["source"] for s in services["kafka-2"]["secrets"]}
+    assert targets["kafka_broker_keystore.pem"].startswith("kafka_2_broker_keystore")
+    assert targets["kafka_brokers_ca.pem"].startswith("kafka_brokers_ca")
+    assert all(port["target"] != 9093 for port in services["kafka-2"]["ports"])     # the overlay only
 
 
 def test_bridge_gets_a_stable_client_id_per_replica(example):

@@ -62,7 +62,8 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     pki = tmp_path / "pki"
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
     for name in ("ca.key", "clients-ca.key", "clients/relay.key", "clients/operator.key", "site-a/kafka-1.key",
-                 "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key",
+                 "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key", "site-a/brokers-ca.key",
+                 "site-a/brokers/kafka-1.key", "site-a/brokers/kafka-2.key",
                  "site-a/spark-auth.secret"):
         key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
@@ -73,7 +74,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
     assert set(secrets) == {"kafka_ca", "kafka_clients_ca", "kafka_1_keystore", "kafka_2_keystore",
                             "mosquitto_tls_cert", "mosquitto_tls_key", "prometheus_tls_cert", "prometheus_tls_key",
-                            "spark_auth_secret"}
+                            "spark_auth_secret", "kafka_brokers_ca", "kafka_1_broker_keystore",
+                            "kafka_2_broker_keystore"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
@@ -130,6 +132,32 @@ def test_the_relay_and_the_operator_get_client_certificates_of_the_clients_ca_on
     assert "kafka_relay_keystore" not in secrets
 
 
+def test_each_broker_gets_a_broker_certificate_of_the_sites_brokers_ca_only(runs):
+    """Kafka's BROKER listener (issue 30): mutual TLS with a CA per site that issues the brokers' BROKER
+    certificates and nothing else (not the servers' CA, whose certificates Mosquitto and Prometheus hold, nor
+    the clients CA); one subject for every broker (the super user), the name each is reached by as its SAN."""
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    brokers_ca = x509.load_pem_x509_certificate(secrets["kafka_brokers_ca"].encode())
+    others = {x509.load_pem_x509_certificate(secrets[name].encode()) for name in ("kafka_ca", "kafka_clients_ca")}
+    assert brokers_ca not in others
+    assert brokers_ca.subject.rfc4514_string() == "CN=iot-stack brokers CA site-a"
+    assert brokers_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    for kafka in TOPOLOGY["kafka"]:
+        pem = secrets[f"kafka_{kafka['id']}_broker_keystore"]
+        assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+        cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
+        assert chain_ca == brokers_ca and key.public_key() == cert.public_key()
+        cert.verify_directly_issued_by(brokers_ca)
+        assert cert.subject.rfc4514_string() == "CN=kafka-broker"     # the entrypoint's super user
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert names.get_values_for_type(x509.DNSName) == [f"kafka-{kafka['id']}"]
+        assert names.get_values_for_type(x509.IPAddress) == []        # no address Kafka's clients or devices use
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert set(usage) == {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
+
+
 def test_the_datacenter_gets_the_relays_keystore_as_kafkas_pem_loader_reads_it(tmp_path):
     (tmp_path / "play.yml").write_text(PLAY.replace("iot_site_alias: site-a", "iot_site_alias: datacenter\n"
                                                     "    iot_tier: datacenter").format(
@@ -175,7 +203,8 @@ def test_with_a_passphrase_the_ca_key_is_made_encrypted_and_still_issues(tmp_pat
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     key = (tmp_path / "pki/ca.key").read_bytes()
     assert key.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
-    assert (tmp_path / "pki/clients-ca.key").read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    for other in ("clients-ca.key", "site-a/brokers-ca.key"):
+        assert (tmp_path / "pki" / other).read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----"), other
     with pytest.raises(TypeError):
         serialization.load_pem_private_key(key, password=None)
     ca_key = serialization.load_pem_private_key(key, password=PASSPHRASE.encode())
@@ -183,6 +212,9 @@ def test_with_a_passphrase_the_ca_key_is_made_encrypted_and_still_issues(tmp_pat
     broker = x509.load_pem_x509_certificate((tmp_path / "pki/site-a/kafka-1.crt").read_bytes())
     assert ca.public_key().public_numbers() == ca_key.public_key().public_numbers()
     broker.verify_directly_issued_by(ca)
+    brokers_ca = x509.load_pem_x509_certificate((tmp_path / "pki/site-a/brokers-ca.crt").read_bytes())
+    x509.load_pem_x509_certificate((tmp_path / "pki/site-a/brokers/kafka-1.crt").read_bytes()) \
+        .verify_directly_issued_by(brokers_ca)
     assert PASSPHRASE not in first.stdout + first.stderr
     again = _run(tmp_path, iot_pki_ca_passphrase=PASSPHRASE)
     assert "changed=0 " in again.stdout.split("PLAY RECAP")[1], again.stdout[-2000:]
