@@ -10,6 +10,12 @@ computed here from the stack file deployed last and the new one:
   stage 1..n  the same with one more stateful service on its new definition: ZooKeeper nodes first (the
               leader last), then Kafka brokers, then Cassandra nodes, each by id.
 
+A broker that gains the BROKER listener (a site deployed before it existed) cannot move its replication onto
+it while another broker has none: it could fetch from no broker that still runs its deployed definition, and
+the gate would wait for ever. So such brokers first roll, one per stage, to their new definition with
+replication still on INTERNAL (`KAFKA_INTER_BROKER_LISTENER_NAME`; "opening" stages, right after stage 0),
+and only then do the stages above move each onto BROKER.
+
 Between stages the role waits for its health gates. A kept definition may refer to configs or secrets whose
 content (so whose Swarm object name) has changed since: those references point at the deployed objects, which
 still exist (the running tasks use them), declared `external` under the key `<key>__deployed`.
@@ -89,6 +95,27 @@ def _kept(deployed: dict, service: dict, stage: dict) -> dict:
     return kept
 
 
+def _environment(service: dict) -> dict:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return env
+
+
+def _opens_broker(deployed_service: dict, new_service: dict) -> bool:
+    """A broker whose deployed definition has no BROKER listener and whose new one has."""
+    def advertised(service: dict) -> str:
+        return str(_environment(service).get("KAFKA_ADVERTISED_LISTENERS", ""))
+    return "BROKER://" not in advertised(deployed_service) and "BROKER://" in advertised(new_service)
+
+
+def _opening(service: dict) -> dict:
+    """The new definition of a broker with BROKER open but replication still on INTERNAL."""
+    opened = copy.deepcopy(service)
+    opened["environment"] = {**_environment(service), "KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"}
+    return opened
+
+
 def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
     """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, text}, ...].
 
@@ -101,16 +128,25 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     order = changed_stateful(deployed, new, leader)
     if not order:
         return []
-    stages = []
-    for rolled in range(len(order) + 1):
+    opening = [name for name in order if name.startswith("kafka-")
+               and _opens_broker(deployed["services"][name], new["services"][name])]
+
+    def stage_text(rolled: list[str], opened: list[str]) -> str:
         stage = copy.deepcopy(new)
-        for name in order[rolled:]:
-            stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
+        for name in order:
+            if name in opened and name not in rolled:
+                stage["services"][name] = _opening(new["services"][name])
+            elif name not in rolled:
+                stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
         for kind in ("volumes", "networks"):            # a kept definition may use what the new file dropped
             for key, value in (deployed.get(kind) or {}).items():
                 stage.setdefault(kind, {}).setdefault(key, value)
-        stages.append({"service": order[rolled - 1] if rolled else "",
-                       "text": yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)})
+        return yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)
+
+    stages = [{"service": "", "text": stage_text([], [])}]
+    stages += [{"service": f"{name} (BROKER opened)", "text": stage_text([], opening[:i + 1])}
+               for i, name in enumerate(opening)]
+    stages += [{"service": name, "text": stage_text(order[:i + 1], opening)} for i, name in enumerate(order)]
     return stages
 
 

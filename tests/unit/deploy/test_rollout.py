@@ -85,3 +85,37 @@ def test_a_changed_secret_alone_counts_as_a_change_of_the_nodes_that_use_it(topo
 def test_zookeeper_quorum_and_leader_from_srvr(lines, nodes, quorum, leader):
     assert zookeeper_quorum(lines, nodes) is quorum
     assert zookeeper_leader(lines) == leader
+
+
+def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
+    """A site deployed before the BROKER listener (issue 30): a broker replicating on BROKER could fetch from no
+    broker without it, so every broker first opens BROKER with replication still on INTERNAL, one per stage,
+    and only then does each move onto it (found in the lab: the gate waited on under-replicated partitions)."""
+    before = render("edge", topology, ids=image_ids())
+    for name in ("kafka-1", "kafka-2", "kafka-3"):
+        env = before["services"][name]["environment"]
+        env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(
+            f"BROKER://{name}:9093,", "")
+        del env["KAFKA_BROKER_KEYSTORE_FILE"], env["KAFKA_BROKER_CA_FILE"]
+    after = render("edge", topology, ids=image_ids())
+    planned = stages(before, after)
+    assert [s["service"] for s in planned] == [
+        "", "kafka-1 (BROKER opened)", "kafka-2 (BROKER opened)", "kafka-3 (BROKER opened)",
+        "kafka-1", "kafka-2", "kafka-3"]
+
+    def state(stage: dict, name: str) -> str:
+        env = stage["stack"]["services"][name]["environment"]
+        if "BROKER://" not in env["KAFKA_ADVERTISED_LISTENERS"]:
+            return "deployed"
+        return "opened" if env.get("KAFKA_INTER_BROKER_LISTENER_NAME") == "INTERNAL" else "new"
+
+    brokers = ("kafka-1", "kafka-2", "kafka-3")
+    assert [[state(stage, name) for name in brokers] for stage in planned] == [
+        ["deployed", "deployed", "deployed"],
+        ["opened", "deployed", "deployed"], ["opened", "opened", "deployed"], ["opened", "opened", "opened"],
+        ["new", "opened", "opened"], ["new", "new", "opened"], ["new", "new", "new"]]
+    assert planned[-1]["stack"]["services"] == after["services"]
+    # A site that has BROKER already rolls its brokers once each, as before.
+    rebuilt = render("edge", topology, ids=image_ids(kafka="v2"))
+    assert [s["service"] for s in stages(after, rebuilt)][1:4] == ["zookeeper-1", "zookeeper-2", "zookeeper-3"]
+    assert not any("opened" in s["service"] for s in stages(after, rebuilt))
