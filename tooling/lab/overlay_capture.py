@@ -15,12 +15,13 @@ from tooling.lab import lab
 
 VXLAN_PORT = 4789
 
-# Runs on the lab host: python3 -c CAPTURE SECONDS, the needles (JSON list of strings) on stdin. Prints
+# Runs on the lab host: python3 -c CAPTURE SECONDS VXLAN_PORT, the needles (JSON list of strings) on stdin. Prints
 # {"vxlan": packets, "ports": {port: [packets with payload, packets holding a needle]}}; a TCP packet counts
 # under each of its two ports.
 CAPTURE = r"""
 import json, socket, struct, sys, time
-seconds, needles = float(sys.argv[1]), [n.encode() for n in json.load(sys.stdin)]
+seconds, vxlan_port = float(sys.argv[1]), int(sys.argv[2])
+needles = [n.encode() for n in json.load(sys.stdin)]
 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(3))
 sock.settimeout(0.5)
 ports, vxlan, end = {}, 0, time.monotonic() + seconds
@@ -41,7 +42,7 @@ while time.monotonic() < end:
     if not outer or outer[0] != 17:
         continue
     udp = outer[1]
-    if VXLAN not in struct.unpack_from("!HH", frame, udp):
+    if vxlan_port not in struct.unpack_from("!HH", frame, udp):
         continue
     vxlan += 1
     inner_eth = udp + 8 + 8
@@ -60,7 +61,7 @@ while time.monotonic() < end:
         seen[0] += 1
         seen[1] += hit
 print(json.dumps({"vxlan": vxlan, "ports": ports}))
-""".replace("VXLAN not in", f"{VXLAN_PORT} not in")
+"""
 
 
 @dataclass
@@ -85,9 +86,10 @@ class OverlayCapture:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        result = subprocess.run(["docker", "exec", "-i", self.host.container, "python3", "-c", CAPTURE,
-                                 str(self.seconds)], input=json.dumps(self.needles), capture_output=True,
-                                text=True, timeout=self.seconds + 60)
+        cmd = ["docker", "exec", "-i", self.host.container, "python3", "-c", CAPTURE, str(self.seconds),
+               str(VXLAN_PORT)]
+        result = subprocess.run(cmd, input=json.dumps(self.needles), capture_output=True, text=True,
+                                timeout=self.seconds + 60)
         self._out = {"code": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
 
     def start(self) -> OverlayCapture:
