@@ -1,24 +1,16 @@
 """Rolling upgrades of a site's stateful services, one node at a time (docs/operations.md, Upgrades).
 
-Swarm's update_config rolls the tasks of one service; a site's ZooKeeper, Kafka and Cassandra nodes are
-separate services (zookeeper-1, kafka-1, kafka-2, cassandra-1, ...), so a single `docker stack deploy` of a
-changed stack file restarts all of them at once. The stack role therefore deploys a changed stack in stages,
-computed here from the stack file deployed last and the new one:
+A site's ZooKeeper, Kafka and Cassandra nodes are separate Swarm services, so one `docker stack deploy` of a
+changed file would restart them all at once. The stack role deploys it in stages computed here:
 
-  stage 0     the new file, except that every stateful service that changed keeps its deployed definition
-              (stateless services, new nodes and removed services change here);
-  stage 1..n  the same with one more stateful service on its new definition: ZooKeeper nodes first (the
-              leader last), then Kafka brokers, then Cassandra nodes, each by id.
+  stage 0     the new file, every changed stateful service on its deployed definition;
+  opening     a broker gaining the BROKER listener (a site deployed before it) rolls to its new definition
+              with replication still on INTERNAL, one per stage: one on BROKER could fetch from no broker
+              without it (_opening);
+  stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
 
-A broker that gains the BROKER listener (a site deployed before it existed) cannot move its replication onto
-it while another broker has none: it could fetch from no broker that still runs its deployed definition, and
-the gate would wait for ever. So such brokers first roll, one per stage, to their new definition with
-replication still on INTERNAL (`KAFKA_INTER_BROKER_LISTENER_NAME`; "opening" stages, right after stage 0),
-and only then do the stages above move each onto BROKER.
-
-Between stages the role waits for its health gates. A kept definition may refer to configs or secrets whose
-content (so whose Swarm object name) has changed since: those references point at the deployed objects, which
-still exist (the running tasks use them), declared `external` under the key `<key>__deployed`.
+Between stages the role waits for its health gates. A kept definition whose configs or secrets changed since
+points at the deployed Swarm objects, declared `external` under `<key>__deployed`.
 """
 from __future__ import annotations
 
