@@ -4,9 +4,9 @@ A site's ZooKeeper, Kafka and Cassandra nodes are separate Swarm services, so on
 changed file would restart them all at once. The stack role deploys it in stages computed here:
 
   stage 0     the new file, every changed stateful service on its deployed definition;
-  opening     a broker gaining the BROKER listener (a site deployed before it) rolls to its new definition
-              with replication still on INTERNAL, one per stage: one on BROKER could fetch from no broker
-              without it (_opening);
+  opening     a node gaining a TLS listener that others will need rolls to its new definition serving both
+              ways, one per stage (_opening): a broker opens BROKER with replication still on INTERNAL, a
+              Cassandra node takes CQL over TLS and in clear; CQL clients gaining TLS wait for all of these;
   stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
 
 Between stages the role waits for its health gates. A kept definition whose configs or secrets changed since
@@ -24,6 +24,9 @@ from deploy.errors import fail
 STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-(\d+)$")
 KIND_ORDER = ("zookeeper", "kafka", "cassandra")
 DEPLOYED_SUFFIX = "__deployed"
+TLS_KEYSTORE = "CASSANDRA_TLS_KEYSTORE_FILE"        # a Cassandra node with CQL over TLS
+CQL_CA = "ADAPTER_CASSANDRA_CA_FILE"                # a CQL client checking nodes against the Cassandra CA
+OPENED = {"kafka": "BROKER opened", "cassandra": "CQL over TLS opened"}
 
 
 def _load(text: object, what: str) -> dict:
@@ -94,25 +97,44 @@ def _environment(service: dict) -> dict:
     return env
 
 
-def _opens_broker(deployed_service: dict, new_service: dict) -> bool:
-    """A broker whose deployed definition has no BROKER listener and whose new one has."""
-    def advertised(service: dict) -> str:
-        return str(_environment(service).get("KAFKA_ADVERTISED_LISTENERS", ""))
-    return "BROKER://" not in advertised(deployed_service) and "BROKER://" in advertised(new_service)
+def _opens(name: str, deployed_service: dict, new_service: dict) -> bool:
+    """A node gaining a TLS listener its peers or clients will need: a broker's BROKER, a Cassandra node's CQL
+    over TLS."""
+    def env(service: dict, key: str) -> str:
+        return str(_environment(service).get(key, ""))
+    if name.startswith("kafka-"):
+        return ("BROKER://" not in env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
+                and "BROKER://" in env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
+    if name.startswith("cassandra-"):
+        return not env(deployed_service, TLS_KEYSTORE) and bool(env(new_service, TLS_KEYSTORE))
+    return False
 
 
-def _opening(service: dict) -> dict:
-    """The new definition of a broker with BROKER open but replication still on INTERNAL."""
+def _opening(name: str, service: dict) -> dict:
+    """The new definition of an opening node as it serves both ways: a broker with BROKER open but replication
+    still on INTERNAL; a Cassandra node taking CQL over TLS and in clear."""
     opened = copy.deepcopy(service)
-    opened["environment"] = {**_environment(service), "KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"}
+    both = ({"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if name.startswith("kafka-")
+            else {"CASSANDRA_CLIENT_TLS": "optional"})
+    opened["environment"] = {**_environment(service), **both}
     return opened
 
 
-def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
-    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, text}, ...].
+def _cql_clients_gaining_tls(deployed: dict, new: dict) -> list[str]:
+    """Stateless services in both files whose new definition speaks CQL over TLS and whose deployed one not."""
+    old_services = deployed.get("services") or {}
+    return [name for name, service in (new.get("services") or {}).items()
+            if name in old_services and not STATEFUL.match(name)
+            and _environment(service).get(CQL_CA) and not _environment(old_services[name]).get(CQL_CA)]
 
-    The first stage's service is '' (only stateless changes); each further stage rolls `service`. Empty when
-    nothing stateful changed, or nothing was deployed before (a first deploy has nothing to roll)."""
+
+def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
+    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, text, cassandra_tls}, ...].
+
+    The first stage's service is '' (only stateless changes); each further stage rolls `service`;
+    `cassandra_tls` is false while a Cassandra node of the stage may still take CQL in clear only (the health
+    role's probes then use CQL in clear). Empty when nothing stateful changed, or nothing was deployed before
+    (a first deploy has nothing to roll)."""
     if not str(deployed_text or "").strip():
         return []
     deployed, new = _load(deployed_text, "the deployed stack file"), _load(new_text, "the new stack file")
@@ -120,25 +142,31 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     order = changed_stateful(deployed, new, leader)
     if not order:
         return []
-    opening = [name for name in order if name.startswith("kafka-")
-               and _opens_broker(deployed["services"][name], new["services"][name])]
+    opening = [name for name in order if _opens(name, deployed["services"][name], new["services"][name])]
+    cql_clients = _cql_clients_gaining_tls(deployed, new) if any(n.startswith("cassandra-") for n in opening) else []
 
-    def stage_text(rolled: list[str], opened: list[str]) -> str:
+    def stage_text(rolled: list[str], opened: list[str], clients_new: bool) -> str:
         stage = copy.deepcopy(new)
         for name in order:
             if name in opened and name not in rolled:
-                stage["services"][name] = _opening(new["services"][name])
+                stage["services"][name] = _opening(name, new["services"][name])
             elif name not in rolled:
+                stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
+        if not clients_new:
+            for name in cql_clients:
                 stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
         for kind in ("volumes", "networks"):            # a kept definition may use what the new file dropped
             for key, value in (deployed.get(kind) or {}).items():
                 stage.setdefault(kind, {}).setdefault(key, value)
         return yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)
 
-    stages = [{"service": "", "text": stage_text([], [])}]
-    stages += [{"service": f"{name} (BROKER opened)", "text": stage_text([], opening[:i + 1])}
+    cql_in_clear = any(name.startswith("cassandra-") for name in opening)
+    stages = [{"service": "", "text": stage_text([], [], False), "cassandra_tls": not cql_in_clear}]
+    stages += [{"service": f"{name} ({OPENED[STATEFUL.match(name).group(1)]})",
+                "text": stage_text([], opening[:i + 1], False), "cassandra_tls": not cql_in_clear}
                for i, name in enumerate(opening)]
-    stages += [{"service": name, "text": stage_text(order[:i + 1], opening)} for i, name in enumerate(order)]
+    stages += [{"service": name, "text": stage_text(order[:i + 1], opening, True), "cassandra_tls": True}
+               for i, name in enumerate(order)]
     return stages
 
 

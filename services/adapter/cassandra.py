@@ -15,6 +15,7 @@ from services.adapter.mappings import Mapping
 from services.adapter.schema import add_columns_cql, create_keyspace_cql, create_table_cql
 from services.adapter.settings import Settings
 from services.common.backoff import Backoff
+from services.common.cql_tls import cql_tls_context
 from services.common.observability import kv
 
 log = logging.getLogger("cassandra-adapter")
@@ -57,6 +58,7 @@ def connect_cassandra(settings: Settings, stop: Stop):
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
         request_timeout=settings.write_timeout)
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    tls = cql_tls_context(settings.cassandra_ca_file)
     backoff = Backoff(CONNECT_RETRY_MIN_S, CONNECT_RETRY_MAX_S)
     while not stop.is_set():
         cluster = None
@@ -65,7 +67,7 @@ def connect_cassandra(settings: Settings, stop: Stop):
             # In Swarm a service's name resolves only once its task is healthy, so even
             # the contact points may be unresolvable for a while.
             cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port, auth_provider=auth,
-                              execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
+                              ssl_context=tls, execution_profiles={EXEC_PROFILE_DEFAULT: profile}, protocol_version=5,
                               reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0), connect_timeout=10)
             session = cluster.connect()
             # The coordinator stamps each write with its own clock when it applies it (not the driver when

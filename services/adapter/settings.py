@@ -8,6 +8,7 @@ CASSANDRA_PASSWORD_FILE).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import MISSING, dataclass
 from typing import Any
@@ -54,6 +55,9 @@ class Settings:
     cassandra_hosts: tuple[str, ...] = _option("ADAPTER_CASSANDRA_HOSTS", "cassandra-1",
                                                "Cassandra contact points, comma-separated host names")
     cassandra_port: int = _option("ADAPTER_CASSANDRA_PORT", 9042, "CQL port", int)
+    cassandra_ca_file: str = _option(
+        "ADAPTER_CASSANDRA_CA_FILE", "",
+        "PEM file of the CA that issued the Cassandra nodes' certificates: CQL over TLS (empty: in clear)")
     local_dc: str = _option("ADAPTER_CASSANDRA_LOCAL_DC", "",
                             "data center the adapter writes to (empty: the contact points' data center)")
     username: str = _option(
@@ -124,6 +128,11 @@ def load(args: argparse.Namespace) -> Settings:
     hosts = tuple(h.strip() for h in values["cassandra_hosts"].split(",") if h.strip())
     if not hosts:
         raise SettingsError("ADAPTER_CASSANDRA_HOSTS is empty")
+    ca_file = values["cassandra_ca_file"]
+    if ca_file and not os.access(ca_file, os.R_OK):
+        raise SettingsError(f"ADAPTER_CASSANDRA_CA_FILE={ca_file!r} cannot be read: mount the site's Cassandra CA "
+                            "certificate there (the stacks use the secret cassandra_ca), or leave it empty for "
+                            "CQL in clear")
     password = settings.secret("cassandra_password", required=bool(values["username"]))
     return Settings(**{**values, "cassandra_hosts": hosts, "consistency": consistency, "password": password,
                        "replication": parse_replication(values["replication"])})

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable
 
 from services.common import kafka_auth, settings
+from services.common.cql_tls import cql_tls_context
 
 PROG = "iot-site-data"
 # The long help (`--help` ends with it).
@@ -35,7 +36,8 @@ A site in --known-sites is refused: remove its group from the inventory and reru
 datacenter first, or MirrorMaker would copy it again.
 
 Logins: --kafka-user and --cassandra-user (none: test clusters without logins); their passwords come
-as one JSON object on stdin, {"kafka": "...", "cassandra": "..."}, never on a command line.
+as one JSON object on stdin, {"kafka": "...", "cassandra": "..."}, never on a command line. With
+--cassandra-tls the same object carries the Cassandra CA's PEM certificate as "cassandra_ca".
 
 stdout is one JSON line:
   {"site": ..., "purged": bool, "topics": [...], "partitions": {table: partitions of the site}}
@@ -113,7 +115,8 @@ def kafka_topics(args: argparse.Namespace, password: str | None, delete: bool) -
     return names
 
 
-def cassandra_partitions(args: argparse.Namespace, password: str | None, delete: bool) -> dict[str, int]:
+def cassandra_partitions(args: argparse.Namespace, password: str | None, delete: bool,
+                         ca_pem: str = "") -> dict[str, int]:
     from cassandra import ConsistencyLevel
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import Cluster, NoHostAvailable
@@ -121,7 +124,7 @@ def cassandra_partitions(args: argparse.Namespace, password: str | None, delete:
 
     auth = PlainTextAuthProvider(args.cassandra_user, password or "") if args.cassandra_user else None
     cluster = Cluster(args.cassandra_hosts, port=args.cassandra_port, auth_provider=auth, protocol_version=5,
-                      connect_timeout=15)
+                      connect_timeout=15, ssl_context=cql_tls_context(ca_pem=ca_pem))
     try:
         session = cluster.connect()
     except NoHostAvailable as err:
@@ -159,7 +162,7 @@ def cassandra_partitions(args: argparse.Namespace, password: str | None, delete:
 def run(args: argparse.Namespace, passwords: dict[str, str]) -> dict:
     delete = args.command == "purge"
     topics = kafka_topics(args, passwords.get("kafka"), delete)
-    partitions = cassandra_partitions(args, passwords.get("cassandra"), delete)
+    partitions = cassandra_partitions(args, passwords.get("cassandra"), delete, passwords.get("cassandra_ca", ""))
     return {"site": args.site, "purged": delete, "topics": topics, "partitions": partitions}
 
 
@@ -181,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="contact points, e.g. cassandra-1,cassandra-2")
         c.add_argument("--cassandra-port", type=settings.integer(1, 65535), default=9042)
         c.add_argument("--cassandra-user", default="", help="Cassandra login (password on stdin)")
+        c.add_argument("--cassandra-tls", action="store_true",
+                       help="CQL over TLS, nodes checked against the CA certificate on stdin (\"cassandra_ca\")")
         c.add_argument("--keyspace", default="iot")
         c.add_argument("--tables", required=True, type=lambda s: [t for t in s.split(",") if t],
                        help="tables whose rows carry the site, comma-separated")
@@ -188,7 +193,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def read_passwords(args: argparse.Namespace) -> dict[str, str]:
-    if not (args.kafka_user or args.cassandra_user):
+    if not (args.kafka_user or args.cassandra_user or args.cassandra_tls):
         return {}
     try:
         passwords = json.loads(sys.stdin.read() or "{}")
@@ -197,6 +202,8 @@ def read_passwords(args: argparse.Namespace) -> dict[str, str]:
     for who in ("kafka", "cassandra"):
         if getattr(args, f"{who}_user") and not (isinstance(passwords, dict) and passwords.get(who)):
             raise UsageError(f"--{who}-user is set but stdin has no {who!r} password")
+    if args.cassandra_tls and "BEGIN CERTIFICATE" not in str(passwords.get("cassandra_ca", "")):
+        raise UsageError("--cassandra-tls is set but stdin has no 'cassandra_ca' (the Cassandra CA's PEM certificate)")
     return passwords
 
 

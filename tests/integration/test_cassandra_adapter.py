@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.adapter.schema import utc_day
-from tooling.testbed.cassandra_node import restart, start_cassandra
+from tooling.testbed.cassandra_node import TLS_DIR, restart, start_cassandra
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import create_topics, start_kafka_cluster
 from tooling.testbed.stack_render import REPO, load_inventory, render_role_template, stack_defaults
@@ -36,16 +36,17 @@ def stack(lab, tmp_path_factory):
     kafka = start_kafka_cluster(lab)
     create_topics(kafka, TOPIC, partitions=PARTITIONS)
     create_topics(kafka, DEAD_LETTER, partitions=1)
-    cassandra = start_cassandra(lab, memory="1536m", heap="512M")
+    cassandra = start_cassandra(lab, memory="1536m", heap="512M", tls=True)      # CQL over TLS, as at a site
     mappings = tmp_path_factory.mktemp("adapter") / "mappings.toml"
     mappings.write_text(MAPPINGS)
     mappings.chmod(0o644)
     metrics_port = free_port()
     lab.run("services", "adapter", "iot-cassandra-adapter", memory="384m", ports={metrics_port: 9102},
-            volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro"}, env={
+            volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro", cassandra.tls_dir: f"{TLS_DIR}:ro"}, env={
                 "ADAPTER_KAFKA_BOOTSTRAP": kafka.internal,
                 "ADAPTER_CASSANDRA_HOSTS": cassandra.internal,
                 "ADAPTER_CASSANDRA_LOCAL_DC": "dc1",
+                "ADAPTER_CASSANDRA_CA_FILE": f"{TLS_DIR}/ca.pem",
                 "ADAPTER_GROUP_ID": GROUP,
                 "ADAPTER_KEYSPACE": KEYSPACE,
                 "ADAPTER_REPLICATION": "dc1:1",
@@ -243,9 +244,11 @@ def test_the_datacenter_stores_relayed_readings_with_their_site_when_the_invento
     mirrored, keyspace = f"site-a.{TOPIC}", "itest_dc"
     create_topics(kafka, mirrored, partitions=PARTITIONS)
     lab.run("services", "dc-adapter", "iot-cassandra-adapter", memory="384m",
-            volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro"}, env={
+            volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro", cassandra.tls_dir: f"{TLS_DIR}:ro"}, env={
                 "ADAPTER_KAFKA_BOOTSTRAP": kafka.internal, "ADAPTER_CASSANDRA_HOSTS": cassandra.internal,
-                "ADAPTER_CASSANDRA_LOCAL_DC": "dc1", "ADAPTER_GROUP_ID": "datacenter-cassandra-adapter",
+                "ADAPTER_CASSANDRA_LOCAL_DC": "dc1",
+                "ADAPTER_CASSANDRA_CA_FILE": f"{TLS_DIR}/ca.pem",
+                "ADAPTER_GROUP_ID": "datacenter-cassandra-adapter",
                 "ADAPTER_KEYSPACE": keyspace, "ADAPTER_REPLICATION": "dc1:1",
                 "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
     session = cassandra.session(timeout=60)      # the module's session predates Cassandra's restart above
@@ -310,12 +313,23 @@ def test_a_readings_table_created_before_device_id_gets_the_column_at_start_and_
         mappings.chmod(0o644)
         tmp_path.chmod(0o755)
         lab.run("services", "legacy-adapter", "iot-cassandra-adapter", memory="384m",
-                volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro"}, env={
+                volumes={str(mappings): "/etc/iot/adapter-mappings.toml:ro", cassandra.tls_dir: f"{TLS_DIR}:ro"}, env={
                     "ADAPTER_KAFKA_BOOTSTRAP": kafka.internal, "ADAPTER_CASSANDRA_HOSTS": cassandra.internal,
-                    "ADAPTER_CASSANDRA_LOCAL_DC": "dc1", "ADAPTER_GROUP_ID": "itest-legacy-adapter",
+                    "ADAPTER_CASSANDRA_LOCAL_DC": "dc1",
+                    "ADAPTER_CASSANDRA_CA_FILE": f"{TLS_DIR}/ca.pem", "ADAPTER_GROUP_ID": "itest-legacy-adapter",
                     "ADAPTER_KEYSPACE": keyspace, "ADAPTER_REPLICATION": "dc1:1",
                     "ADAPTER_MAPPINGS_FILE": "/etc/iot/adapter-mappings.toml"})
-        wait_until("the adapter added device_id", lambda: "device_id" in columns(), timeout=240,
+        # Prepared once the column is usable: system_schema can list it a moment before a statement naming
+        # it prepares ("Undefined column name device_id", 2026-11-29), as with a new table above.
+        prepared = []
+
+        def column_usable() -> bool:
+            prepared.append(session.prepare(f"SELECT sensor_id, toUnixTimestamp(event_time) AS ms, device_id "
+                                            f"FROM {keyspace}.temperature_readings "
+                                            "WHERE site = ? AND sensor_id = ? AND day = ?"))
+            return "device_id" in columns()
+
+        wait_until("the adapter added device_id", column_usable, timeout=240,
                    on_timeout=lambda: lab.logs("legacy-adapter"))
         records = _readings(sensors=2, count=10, start_ms=int(time.time() * 1000))
         for i, record in enumerate(records):
@@ -326,9 +340,7 @@ def test_a_readings_table_created_before_device_id_gets_the_column_at_start_and_
             producer.produce(topic, key=record["sensor_id"], value=json.dumps(record),
                              headers=[("site", SITE), ("ingest_ms", str(record["timestamp"] + 1))])
         assert producer.flush(60) == 0
-        query = session.prepare(f"SELECT sensor_id, toUnixTimestamp(event_time) AS ms, device_id "
-                                f"FROM {keyspace}.temperature_readings "
-                                "WHERE site = ? AND sensor_id = ? AND day = ?")
+        query = prepared[-1]
         partitions = {(r["sensor_id"], utc_day(r["timestamp"]).date) for r in records}
 
         def stored() -> dict:

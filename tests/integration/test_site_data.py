@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -29,7 +30,7 @@ def datacenter(lab):
     kafka = start_kafka_cluster(lab)
     create_topics(kafka, *[f"{site}.{topic}" for site in (GONE, KEPT) for topic in MIRRORED],
                   f"mm2-offsets.{GONE}.internal", f"mm2-offsets.{KEPT}.internal", "notifications", partitions=1)
-    cassandra = start_cassandra(lab)
+    cassandra = start_cassandra(lab, tls=True)       # CQL over TLS, as at a site
     session = cassandra.session()
     session.execute(schema.create_keyspace_cql("iot", {"dc1": 1}))
     for table, contract in TABLES.items():
@@ -48,10 +49,12 @@ def datacenter(lab):
 
 
 def site_data(lab, kafka, cassandra, command: str, site: str = GONE, known: str = KEPT):
-    return docker("run", "--rm", "--network", lab.network, image("services"), "iot-site-data", command,
+    # The Cassandra CA comes on stdin, as the playbook hands it (ansible/roles/stack/tasks/site_data.yml).
+    ca = Path(cassandra.ca_file).read_text()
+    return docker("run", "--rm", "-i", "--network", lab.network, image("services"), "iot-site-data", command,
                   "--site", site, "--known-sites", known, "--bootstrap", kafka.internal,
-                  "--cassandra-hosts", cassandra.internal, "--keyspace", "iot", "--tables", ",".join(TABLES),
-                  check=False, timeout=300)
+                  "--cassandra-hosts", cassandra.internal, "--cassandra-tls", "--keyspace", "iot",
+                  "--tables", ",".join(TABLES), check=False, timeout=300, input=json.dumps({"cassandra_ca": ca}))
 
 
 def rows(session, site: str) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
     python -m tooling.bench.adapter [--records 200000] [--sensors 200]
     python -m tooling.bench.adapter --paced 1000 [--seconds 30]
+    python -m tooling.bench.adapter --tls-cost [--records 200000]
 
 Starts one Kafka broker and one Cassandra node from the project's images (lab network and loopback only) and
 produces the same readings for both. Without --paced it drains them three times in the same run: a warm-up
@@ -9,8 +10,10 @@ produces the same readings for both. Without --paced it drains them three times 
 the baseline (poll one record, INSERT it with session.execute, next); it prints rows/s of each and the ratio,
 and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
 baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
-device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead. Method,
-figures and why the warm-up: docs/development.md, "Benchmarks" ("The adapter").
+device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead. With
+--tls-cost the node takes CQL over TLS and in clear, and the adapter drains in clear, over TLS, over TLS,
+in clear (after the warm-up): rows/s of each way and the ratio TLS/clear. Method, figures and why the
+warm-up: docs/development.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--phase-timeout", type=float, default=60.0, help="seconds each drain may take at most (60)")
     p.add_argument("--paced", type=int, default=0, metavar="RATE",
                    help="measure latency at RATE readings/s instead of draining a backlog")
+    p.add_argument("--tls-cost", action="store_true",
+                   help="the adapter with CQL over TLS against CQL in clear, on one node, instead of the baseline")
     p.add_argument("--seconds", type=float, default=30.0, help="with --paced: seconds each writer is measured (30)")
     args = p.parse_args(argv)
     if args.paced < 0 or args.seconds <= 0:
@@ -194,9 +199,9 @@ def _paced_main(args: argparse.Namespace, kafka, node) -> int:
     return 0 if ok else 1
 
 
-def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str):
-    """services.adapter.app.Adapter writing TOPIC into keyspace.readings, running in a thread of this process;
-    returns (adapter, its thread, the event that stops it)."""
+def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str, ca_file: str = ""):
+    """services.adapter.app.Adapter writing TOPIC into keyspace.readings (over TLS with `ca_file`), running in a
+    thread of this process; returns (adapter, its thread, the event that stops it)."""
     from services.adapter.app import Adapter
     from services.adapter.mappings import parse_mappings
     from services.adapter.settings import load, parser
@@ -204,7 +209,8 @@ def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str):
     settings = load(parser().parse_args([
         "--kafka-bootstrap", bootstrap, "--cassandra-hosts", "127.0.0.1", "--cassandra-port", str(cql_port),
         "--local-dc", "dc1", "--keyspace", keyspace, "--replication", "dc1:1", "--metrics-port", "0",
-        "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(window)]))
+        "--group-id", f"bench-adapter-{uuid.uuid4().hex[:6]}", "--window", str(window),
+        "--cassandra-ca-file", ca_file]))
     mappings = parse_mappings(f'[[table]]\ntopics = ["{TOPIC}"]\ntable = "readings"\n'
                               'contract = "temperature-reading"\n')
     stop = threading.Event()
@@ -215,8 +221,8 @@ def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str):
 
 
 def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
-                 stage: str = "adapter") -> tuple[float, bool]:
-    adapter, thread, stop = _start_adapter(bootstrap, cql_port, args.window, keyspace)
+                 stage: str = "adapter", ca_file: str = "") -> tuple[float, bool]:
+    adapter, thread, stop = _start_adapter(bootstrap, cql_port, args.window, keyspace, ca_file)
     try:
         # In flight near --window means Cassandra is the limit; far below it, this process's CPU is.
         return _measure(stage, lambda: adapter.written, args.records, args.phase_timeout,
@@ -306,6 +312,38 @@ def _count(session, keyspace: str, sensors: int, span: tuple[int, int]) -> int:
                for s in range(sensors) for day in days)
 
 
+def _tls_cost_main(args: argparse.Namespace, kafka, node) -> int:
+    """The adapter's drain rate with CQL over TLS against CQL in clear, on the same node (issue 30's cost
+    target: TLS keeps at least 80 %). Each way drains twice, in the order clear, TLS, TLS, clear, so that the
+    node warming up or compacting favours neither."""
+    span = _produce(kafka.external, args.records, args.sensors)
+    _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")
+    rates: dict[str, list[float]] = {"clear": [], "tls": []}
+    complete = True
+    for i, way in enumerate(("clear", "tls", "tls", "clear")):
+        rate, all_rows = _run_adapter(kafka.external, node.host_port, args, f"bench_{way}_{i}", f"{way} #{i + 1}",
+                                      node.ca_file if way == "tls" else "")
+        rates[way].append(rate)
+        complete = complete and all_rows
+    session = node.session(timeout=60)
+    try:
+        progress.log("verify", "counting rows", force=True)
+        counts = [_count(session, f"bench_{way}_{i}", args.sensors, span)
+                  for i, way in enumerate(("clear", "tls", "tls", "clear"))]
+    finally:
+        session.cluster.shutdown()
+    clear, tls = (sum(rates[way]) / 2 for way in ("clear", "tls"))
+    print(f"records produced:            {args.records:,} ({args.sensors} sensors, {args.partitions} partitions)")
+    runs = {way: ", ".join(f"{rate:,.0f}" for rate in rates[way]) for way in rates}
+    print(f"adapter, CQL in clear:       {clear:>10,.0f} rows/s   (runs: {runs['clear']})")
+    print(f"adapter, CQL over TLS:       {tls:>10,.0f} rows/s   (runs: {runs['tls']})")
+    print(f"ratio TLS/clear:             {tls / clear if clear else 0:>10.2f}    (target >= 0.80)")
+    ok = complete and counts == [args.records] * 4
+    if not ok:
+        print(f"row count check FAILED: each drain must write exactly --records rows, got {counts}", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     from tooling.testbed.cassandra_node import start_cassandra
@@ -320,9 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         progress.log("setup", f"starting kafka and cassandra on network {lab.network}", force=True)
         kafka = start_kafka_cluster(lab, prefix="bench-")
         create_topics(kafka, TOPIC, partitions=args.partitions)
-        node = start_cassandra(lab, memory="2g", heap="1G")
+        node = start_cassandra(lab, memory="2g", heap="1G", tls=args.tls_cost,
+                               env={"CASSANDRA_CLIENT_TLS": "optional"} if args.tls_cost else None)
         if args.paced:
             return _paced_main(args, kafka, node)
+        if args.tls_cost:
+            return _tls_cost_main(args, kafka, node)
         span = _produce(kafka.external, args.records, args.sensors)
 
         warmup_rate, _ = _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")

@@ -23,8 +23,9 @@ def image(name: str) -> str:
     return images.tag(name, _PINS)
 
 
-def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+def docker(*args: str, check: bool = True, timeout: float = 120, input: str | None = None
+           ) -> subprocess.CompletedProcess:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, input=input)
     if check and result.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result

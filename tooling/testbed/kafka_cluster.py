@@ -10,7 +10,6 @@ principal and the admin's, which the broker writes into ZooKeeper as it starts; 
 SCRAM user. All three are super users."""
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 import json
 import subprocess
@@ -23,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.common import kafka_auth
+from tooling.testbed import certs
 from tooling.testbed.docker_lab import Lab, free_port, image, wait_until
 
 # MirrorMaker's replication factors on the single-broker test clusters (mm2.properties lines).
@@ -56,45 +56,6 @@ class KafkaCluster:
         return {"bootstrap.servers": self.external, **config, **security}
 
 
-def _ca(name: str):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    return key, cert
-
-
-def _issue(ca, name: str, usage, sans=()):
-    """(key, certificate) of `name` from `ca` (key, certificate), for `usage` (an ExtendedKeyUsageOID, or a
-    tuple of them)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key, ca_cert = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
-               .add_extension(x509.ExtendedKeyUsage(list(usage) if isinstance(usage, tuple) else [usage]),
-                              critical=False))
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
-    return key, builder.sign(ca_key, hashes.SHA256())
-
-
 def make_pki(directory: Path, broker: str) -> Path:
     """As the pki role writes them, in `directory`: a CA and the broker's key and certificate (SAN 127.0.0.1
     and its container name): ca.crt, keystore.pem (PKCS#8 key, certificate, CA); a clients CA (clients-ca.crt)
@@ -107,26 +68,22 @@ def make_pki(directory: Path, broker: str) -> Path:
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     pem = serialization.Encoding.PEM
-
-    def key_pem(key) -> bytes:
-        return key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-    ca, clients_ca = _ca("iot-stack test CA"), _ca("iot-stack test clients CA")
-    brokers_ca = _ca("iot-stack test brokers CA")
-    key, cert = _issue(ca, broker, ExtendedKeyUsageOID.SERVER_AUTH,
+    ca, clients_ca = certs.ca("iot-stack test CA"), certs.ca("iot-stack test clients CA")
+    brokers_ca = certs.ca("iot-stack test brokers CA")
+    key, cert = certs.issue(ca, broker, ExtendedKeyUsageOID.SERVER_AUTH,
                        (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(broker)))
-    broker_key, broker_cert = _issue(brokers_ca, "kafka-broker",
+    broker_key, broker_cert = certs.issue(brokers_ca, "kafka-broker",
                                      (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
                                      (x509.DNSName(broker),))
     ca_pem, clients_ca_pem = ca[1].public_bytes(pem), clients_ca[1].public_bytes(pem)
     brokers_ca_pem = brokers_ca[1].public_bytes(pem)
     files = {"ca.crt": ca_pem, "clients-ca.crt": clients_ca_pem, "brokers-ca.crt": brokers_ca_pem,
-             "keystore.pem": key_pem(key) + cert.public_bytes(pem) + ca_pem,
-             "broker-keystore.pem": key_pem(broker_key) + broker_cert.public_bytes(pem) + brokers_ca_pem}
+             "keystore.pem": certs.key_pem(key) + cert.public_bytes(pem) + ca_pem,
+             "broker-keystore.pem": certs.key_pem(broker_key) + broker_cert.public_bytes(pem) + brokers_ca_pem}
     for name, issuer in (("operator", clients_ca), ("relay", clients_ca), ("other", ca)):
-        client_key, client_cert = _issue(issuer, name, ExtendedKeyUsageOID.CLIENT_AUTH)
-        files |= {f"{name}.crt": client_cert.public_bytes(pem), f"{name}.key": key_pem(client_key),
-                  f"{name}-keystore.pem": key_pem(client_key) + client_cert.public_bytes(pem)}
+        client_key, client_cert = certs.issue(issuer, name, ExtendedKeyUsageOID.CLIENT_AUTH)
+        files |= {f"{name}.crt": client_cert.public_bytes(pem), f"{name}.key": certs.key_pem(client_key),
+                  f"{name}-keystore.pem": certs.key_pem(client_key) + client_cert.public_bytes(pem)}
     directory.chmod(0o755)
     for name, content in files.items():
         (directory / name).write_bytes(content)

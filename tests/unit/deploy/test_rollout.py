@@ -119,3 +119,46 @@ def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
     rebuilt = render("edge", topology, ids=image_ids(kafka="v2"))
     assert [s["service"] for s in stages(after, rebuilt)][1:4] == ["zookeeper-1", "zookeeper-2", "zookeeper-3"]
     assert not any("opened" in s["service"] for s in stages(after, rebuilt))
+
+
+def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology):
+    """A site deployed before CQL over TLS (issue 30): a node requiring TLS would refuse the adapter still in
+    clear, and an adapter requiring it would reach no node. So every node first takes both, one per stage,
+    while the adapter stays as deployed and the health role probes in clear; then the adapter moves onto TLS
+    and each node in turn refuses CQL in clear."""
+    before = render("edge", topology, ids=image_ids())
+    for name in ("cassandra-1", "cassandra-2", "cassandra-3"):
+        service = before["services"][name]
+        del service["environment"]["CASSANDRA_TLS_KEYSTORE_FILE"], service["environment"]["CASSANDRA_TLS_CA_FILE"]
+        service["secrets"] = [secret for secret in service["secrets"]
+                              if "cassandra_ca" not in str(secret) and "keystore" not in str(secret)]
+    adapter = before["services"]["cassandra-adapter"]
+    del adapter["environment"]["ADAPTER_CASSANDRA_CA_FILE"]
+    adapter["secrets"] = [s for s in adapter["secrets"] if "cassandra_ca" not in str(s)]
+    after = render("edge", topology, ids=image_ids())
+    planned = rollout_stages(text(before), text(after))
+    assert [s["service"] for s in planned] == [
+        "", "cassandra-1 (CQL over TLS opened)", "cassandra-2 (CQL over TLS opened)",
+        "cassandra-3 (CQL over TLS opened)", "cassandra-1", "cassandra-2", "cassandra-3"]
+    assert [s["cassandra_tls"] for s in planned] == [False, False, False, False, True, True, True]
+
+    def state(stack: dict, name: str) -> str:
+        env = stack["services"][name]["environment"]
+        if "CASSANDRA_TLS_KEYSTORE_FILE" not in env:
+            return "clear"
+        return "both" if env.get("CASSANDRA_CLIENT_TLS") == "optional" else "tls"
+
+    nodes = ("cassandra-1", "cassandra-2", "cassandra-3")
+    stacks = [yaml.safe_load(s["text"]) for s in planned]
+    assert [[state(stack, name) for name in nodes] for stack in stacks] == [
+        ["clear", "clear", "clear"],
+        ["both", "clear", "clear"], ["both", "both", "clear"], ["both", "both", "both"],
+        ["tls", "both", "both"], ["tls", "tls", "both"], ["tls", "tls", "tls"]]
+    adapter_tls = ["ADAPTER_CASSANDRA_CA_FILE" in stack["services"]["cassandra-adapter"]["environment"]
+                   for stack in stacks]
+    assert adapter_tls == [False, False, False, False, True, True, True]
+    assert stacks[-1]["services"] == after["services"]
+    # A site with CQL over TLS already rolls its nodes once each, and its probes use TLS throughout.
+    rebuilt = rollout_stages(text(after), text(render("edge", topology, ids=image_ids(cassandra="v2"))))
+    assert [s["service"] for s in rebuilt] == ["", "cassandra-1", "cassandra-2", "cassandra-3"]
+    assert all(s["cassandra_tls"] for s in rebuilt)

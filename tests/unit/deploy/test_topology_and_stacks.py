@@ -161,6 +161,18 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
     assert targets["kafka_broker_keystore.pem"].startswith("kafka_2_broker_keystore")
     assert targets["kafka_brokers_ca.pem"].startswith("kafka_brokers_ca")
     assert all(port["target"] != 9093 for port in services["kafka-2"]["ports"])     # the overlay only
+    # CQL over TLS: each node its own keystore of the site's Cassandra CA; the adapter checks nodes against it.
+    cassandra = services["cassandra-3"]
+    env = cassandra["environment"]
+    assert (env["CASSANDRA_TLS_KEYSTORE_FILE"], env["CASSANDRA_TLS_CA_FILE"]) == \
+        ("/run/secrets/cassandra_keystore.pem", "/run/secrets/cassandra_ca.pem")
+    assert "CASSANDRA_CLIENT_TLS" not in cassandra["environment"]                # required, the entrypoint's default
+    targets = {s["target"]: s["source"] for s in cassandra["secrets"] if isinstance(s, dict)}
+    assert targets["cassandra_keystore.pem"].startswith("cassandra_3_keystore")
+    assert targets["cassandra_ca.pem"].startswith("cassandra_ca")
+    adapter = services["cassandra-adapter"]
+    assert adapter["environment"]["ADAPTER_CASSANDRA_CA_FILE"] == "/run/secrets/cassandra_ca.pem"
+    assert {"source": "cassandra_ca", "target": "cassandra_ca.pem"} in adapter["secrets"]
 
 
 def test_bridge_gets_a_stable_client_id_per_replica(example):

@@ -303,10 +303,12 @@ def test_adapter_logs_in_with_its_own_role_and_secret(tier):
     assert role != "cassandra"
     assert adapter["environment"]["ADAPTER_CASSANDRA_USERNAME"] == role == node["environment"]["CASSANDRA_ADAPTER_ROLE"]
     assert adapter["secrets"] == ["cassandra_adapter_password",      # not the superuser's password
+                                  {"source": "cassandra_ca", "target": "cassandra_ca.pem"},   # CQL over TLS
                                   {"source": "kafka_password_adapter", "target": "kafka_password"}]
     assert adapter["environment"]["CASSANDRA_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
     assert adapter["environment"]["ADAPTER_KEYSPACE"] == node["environment"]["CASSANDRA_ADAPTER_KEYSPACE"]
-    assert sorted(node["secrets"]) == ["cassandra_adapter_password", "cassandra_password"]
+    assert [s for s in node["secrets"] if isinstance(s, str)] == ["cassandra_password", "cassandra_adapter_password"]
+    assert {s["source"] for s in node["secrets"] if isinstance(s, dict)} == {"cassandra_1_keystore", "cassandra_ca"}
     assert node["environment"]["CASSANDRA_ADAPTER_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
 
 

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
+            "cassandra": [{"id": 1}, {"id": 2}, {"id": 3}],
             "mqtt_addresses": ["10.20.0.11", "10.20.0.12"], "apps_address": "10.20.0.13"}
 
 PLAY = """
@@ -63,7 +64,8 @@ def test_keys_stay_on_the_controller_with_tight_modes(runs):
     assert oct(pki.stat().st_mode & 0o777) == "0o700"
     for name in ("ca.key", "clients-ca.key", "clients/relay.key", "clients/operator.key", "site-a/kafka-1.key",
                  "site-a/kafka-2.key", "site-a/mosquitto.key", "password-salt.key", "site-a/brokers-ca.key",
-                 "site-a/brokers/kafka-1.key", "site-a/brokers/kafka-2.key",
+                 "site-a/brokers/kafka-1.key", "site-a/brokers/kafka-2.key", "site-a/cassandra-ca.key",
+                 "site-a/cassandra/cassandra-1.key", "site-a/cassandra/cassandra-3.key",
                  "site-a/spark-auth.secret"):
         key = pki / name
         assert oct(key.stat().st_mode & 0o777) == "0o600", key
@@ -75,7 +77,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
     assert set(secrets) == {"kafka_ca", "kafka_clients_ca", "kafka_1_keystore", "kafka_2_keystore",
                             "mosquitto_tls_cert", "mosquitto_tls_key", "prometheus_tls_cert", "prometheus_tls_key",
                             "spark_auth_secret", "kafka_brokers_ca", "kafka_1_broker_keystore",
-                            "kafka_2_broker_keystore"}
+                            "kafka_2_broker_keystore", "cassandra_ca", "cassandra_1_keystore",
+                            "cassandra_2_keystore", "cassandra_3_keystore"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
@@ -158,6 +161,34 @@ def test_each_broker_gets_a_broker_certificate_of_the_sites_brokers_ca_only(runs
         assert set(usage) == {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
 
 
+def test_each_cassandra_node_gets_a_certificate_of_the_sites_cassandra_ca_only(runs):
+    """CQL over TLS (issue 30): clients check a node's certificate against a CA of the site that issues
+    only its Cassandra nodes' certificates, so no broker's, Mosquitto's or Prometheus' certificate, nor
+    another site's node, passes for one; each keystore as Cassandra's PEM factory reads it."""
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    cassandra_ca = x509.load_pem_x509_certificate(secrets["cassandra_ca"].encode())
+    others = {x509.load_pem_x509_certificate(secrets[name].encode())
+              for name in ("kafka_ca", "kafka_clients_ca", "kafka_brokers_ca")}
+    assert cassandra_ca not in others
+    assert cassandra_ca.subject.rfc4514_string() == "CN=iot-stack cassandra CA site-a"
+    assert cassandra_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    for node in TOPOLOGY["cassandra"]:
+        pem = secrets[f"cassandra_{node['id']}_keystore"]
+        assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+        cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
+        assert chain_ca == cassandra_ca and key.public_key() == cert.public_key()
+        cert.verify_directly_issued_by(cassandra_ca)
+        assert cert.subject.rfc4514_string() == f"CN=cassandra-{node['id']}"
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert names.get_values_for_type(x509.DNSName) == [f"cassandra-{node['id']}"]
+    for other in ("kafka_1_broker_keystore", "mosquitto_tls_cert", "prometheus_tls_cert"):
+        cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]    # the server's, before its CA
+        with pytest.raises(ValueError, match="does not match certificate issuer"):
+            cert.verify_directly_issued_by(cassandra_ca)
+
+
 def test_the_datacenter_gets_the_relays_keystore_as_kafkas_pem_loader_reads_it(tmp_path):
     (tmp_path / "play.yml").write_text(PLAY.replace("iot_site_alias: site-a", "iot_site_alias: datacenter\n"
                                                     "    iot_tier: datacenter").format(
@@ -203,7 +234,7 @@ def test_with_a_passphrase_the_ca_key_is_made_encrypted_and_still_issues(tmp_pat
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     key = (tmp_path / "pki/ca.key").read_bytes()
     assert key.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
-    for other in ("clients-ca.key", "site-a/brokers-ca.key"):
+    for other in ("clients-ca.key", "site-a/brokers-ca.key", "site-a/cassandra-ca.key"):
         assert (tmp_path / "pki" / other).read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----"), other
     with pytest.raises(TypeError):
         serialization.load_pem_private_key(key, password=None)

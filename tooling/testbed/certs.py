@@ -1,0 +1,53 @@
+"""Throw-away certificates for integration tests, shaped as the pki role makes them (ECDSA P-256, two days):
+a CA, certificates it issues, and PKCS#8 keys as Kafka's and Cassandra's PEM keystores read them."""
+from __future__ import annotations
+
+import datetime as dt
+
+
+def key_pem(key) -> bytes:
+    """A private key as unencrypted PKCS#8 PEM."""
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def ca(name: str):
+    """(key, certificate) of a new self-signed CA named `name`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def issue(ca, name: str, usage, sans=()):
+    """(key, certificate) of `name` from `ca` (key, certificate), for `usage` (an ExtendedKeyUsageOID, or a
+    tuple of them)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key, ca_cert = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
+               .add_extension(x509.ExtendedKeyUsage(list(usage) if isinstance(usage, tuple) else [usage]),
+                              critical=False))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
