@@ -8,7 +8,6 @@ CASSANDRA_PASSWORD_FILE).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from dataclasses import MISSING, dataclass
 from typing import Any
@@ -128,11 +127,7 @@ def load(args: argparse.Namespace) -> Settings:
     hosts = tuple(h.strip() for h in values["cassandra_hosts"].split(",") if h.strip())
     if not hosts:
         raise SettingsError("ADAPTER_CASSANDRA_HOSTS is empty")
-    ca_file = values["cassandra_ca_file"]
-    if ca_file and not os.access(ca_file, os.R_OK):
-        raise SettingsError(f"ADAPTER_CASSANDRA_CA_FILE={ca_file!r} cannot be read: mount the site's Cassandra CA "
-                            "certificate there (the stacks use the secret cassandra_ca), or leave it empty for "
-                            "CQL in clear")
+    settings.readable_file("ADAPTER_CASSANDRA_CA_FILE", values["cassandra_ca_file"])
     password = settings.secret("cassandra_password", required=bool(values["username"]))
     return Settings(**{**values, "cassandra_hosts": hosts, "consistency": consistency, "password": password,
                        "replication": parse_replication(values["replication"])})

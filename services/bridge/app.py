@@ -38,7 +38,7 @@ from services.common.dead_letter import UNPROCESSABLE, DeadLetter, dead_letter
 from services.common.observability import StopFlag, kv, serve_http, setup_logging
 from services.common.settings import SettingsError
 from services.mqtt.codec import reason_name
-from services.mqtt.session import MqttSession
+from services.mqtt.session import MqttSession, tls_context
 
 log = logging.getLogger("bridge")
 
@@ -119,7 +119,8 @@ class Bridge:
         client = MqttSession(self.s.mqtt_host, self.s.mqtt_port, self.s.client_id, keepalive=self.s.keepalive_s,
                              username=self.s.mqtt_username,
                              password=self.s.mqtt_password if self.s.mqtt_username else None,
-                             session_expiry=self.s.session_expiry_s, receive_maximum=self.s.window)
+                             session_expiry=self.s.session_expiry_s, receive_maximum=self.s.window,
+                             tls=tls_context(self.s.mqtt_ca_file))
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
         client.on_message, client.on_suback = self._on_message, self._on_subscribe
         return client

@@ -42,6 +42,10 @@ $MQTT_PASSWORD_FILE, else /run/secrets/mqtt_password.
 class BridgeSettings:
     mqtt_host: str = setting("BRIDGE_MQTT_HOST", "mosquitto", "MQTT broker host")
     mqtt_port: int = setting("BRIDGE_MQTT_PORT", 1883, "MQTT broker port", int)
+    mqtt_ca_file: str = setting(
+        "BRIDGE_MQTT_CA_FILE", "",
+        "PEM file of the CA that issued Mosquitto's certificate: MQTT over TLS, the certificate checked against "
+        "it and --mqtt-host (empty: in clear)")
     mqtt_username: str | None = setting("BRIDGE_MQTT_USERNAME", "bridge", "MQTT user name")
     mqtt_password: str | None = setting(secret=True, help="MQTT password of --mqtt-username")
     client_id: str = setting(
@@ -132,6 +136,7 @@ class BridgeSettings:
                                          f"{MIN_RECORD_BYTES}, too small for a dead letter's own headers")
         if not 0 <= self.mqtt_port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise settings.SettingsError("BRIDGE_MQTT_PORT and BRIDGE_METRICS_PORT must be TCP ports (0..65535)")
+        settings.readable_file("BRIDGE_MQTT_CA_FILE", self.mqtt_ca_file)
         if self.session_expiry_s < 0 or self.kafka_message_timeout_ms < 0 or self.drain_s < 0:
             raise settings.SettingsError("session expiry, Kafka message timeout and drain time must not be negative")
         if "/" in self.share_group or "+" in self.share_group or "#" in self.share_group:

@@ -55,6 +55,12 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[
     return parse
 
 
+def readable_file(variable: str, path: str) -> None:
+    """SettingsError unless `path` is empty or a file this process can read (a CA certificate, say)."""
+    if path and not os.access(path, os.R_OK):
+        raise SettingsError(f"{variable}={path!r} cannot be read: mount the file there, or leave {variable} empty")
+
+
 def group_instance_id(text: str) -> str:
     """A parse function for a Kafka consumer's group.instance.id (static group membership; "" for none).
 

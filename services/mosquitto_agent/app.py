@@ -33,7 +33,7 @@ from services.common.settings import SettingsError
 from services.mosquitto_agent import metrics, protocol
 from services.mosquitto_agent import settings as agent_settings
 from services.mqtt.codec import reason_name
-from services.mqtt.session import MqttSession
+from services.mqtt.session import MqttSession, tls_context
 
 log = logging.getLogger("mosquitto-agent")
 
@@ -189,7 +189,7 @@ class Agent:
     def _new_client(self) -> MqttSession:
         client = MqttSession(self.s.mqtt_host, self.s.mqtt_port, self.s.client_id, keepalive=self.s.keepalive_s,
                              username=self.s.mqtt_username, password=self.s.mqtt_password, session_expiry=0,
-                             receive_maximum=100)
+                             receive_maximum=100, tls=tls_context(self.s.mqtt_ca_file))
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
         client.on_message, client.on_suback, client.on_puback = self._on_message, self._on_suback, self._on_puback
         return client
@@ -391,7 +391,8 @@ class Agent:
                 time.sleep(min(timeout, 0.05))
             return
         wlist = [client.sock] if client.want_write() else []
-        readable, _, _ = select.select([client.sock], wlist, [], timeout)
+        # Buffered work first: select does not wake for bytes TLS has already taken off the socket.
+        readable = client.has_backlog() or select.select([client.sock], wlist, [], timeout)[0]
         if readable:
             client.read(1000)
         if client.sock is not None and client.want_write():

@@ -33,6 +33,10 @@ class AgentSettings:
     mqtt_host: str = setting("MOSQUITTO_AGENT_MQTT_HOST", "mosquitto", "Mosquitto's services listener host")
     mqtt_port: int = setting("MOSQUITTO_AGENT_MQTT_PORT", 1883, "Mosquitto's services listener port",
                              settings.integer(1, 65535))
+    mqtt_ca_file: str = setting(
+        "MOSQUITTO_AGENT_MQTT_CA_FILE", "",
+        "PEM file of the CA that issued Mosquitto's certificate: MQTT over TLS, the certificate checked against "
+        "it and --mqtt-host (empty: in clear)")
     mqtt_username: str = setting("MOSQUITTO_AGENT_MQTT_USERNAME", "mosquitto-agent",
                                  "the agent account (kind agent in the mqtt_services file)")
     mqtt_password: str | None = setting(secret=True, help="MQTT password of --mqtt-username")
@@ -71,6 +75,7 @@ class AgentSettings:
         if not 0 <= self.mqtt_port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise settings.SettingsError("MOSQUITTO_AGENT_MQTT_PORT and MOSQUITTO_AGENT_METRICS_PORT must be TCP "
                                          "ports (0..65535)")
+        settings.readable_file("MOSQUITTO_AGENT_MQTT_CA_FILE", self.mqtt_ca_file)
 
 
 OPTIONS: tuple[settings.Option, ...] = settings.options_of(AgentSettings)

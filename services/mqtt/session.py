@@ -8,7 +8,8 @@ misread; user properties come as a list of (name, value)) and PUBACK out, in ord
 and PUBACK in (resent with DUP after a reconnect, at most the server's Receive Maximum in flight);
 PINGREQ/PINGRESP keep-alive with a dead connection timeout; DISCONNECT out (normal: the session is kept) and in.
 Not supported: QoS 2, topic aliases (we advertise Topic Alias Maximum 0, so the broker must not use them),
-enhanced authentication (AUTH), wills, TLS (the bridge settings have no TLS options). A malformed packet or a
+enhanced authentication (AUTH), wills. With `tls` (an ssl.SSLContext) the connection is TLS: the handshake
+blocks like the TCP connect, then reads and writes stay non-blocking. A malformed packet or a
 protocol error from the broker closes the connection with an error log line; nothing of it is delivered or
 acked (tests/unit/mqtt/test_session.py). Single-threaded and non-blocking: the owner calls `read`, `write`
 and `misc` from its loop (after `select` on `sock`); every callback runs inside those calls. Why not paho,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,7 +51,16 @@ from services.mqtt.codec import (
     reason_name,
 )
 
+# A non-blocking socket with nothing to do now; a TLS one says so with SSLWant*Error, OSErrors both.
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
 log = logging.getLogger("bridge.mqtt")
+
+
+def tls_context(ca_file: str) -> ssl.SSLContext | None:
+    """For MQTT over TLS to Mosquitto's services listener: trust only `ca_file`, check the host name the
+    session connects to (Mosquitto's certificate names `mosquitto`); None (in clear) when it is empty."""
+    return ssl.create_default_context(cafile=ca_file) if ca_file else None
 
 
 
@@ -72,8 +83,9 @@ class MqttSession:
 
     def __init__(self, host: str, port: int, client_id: str, *, keepalive: int = 60, username: str | None = None,
                  password: str | None = None, session_expiry: int = 0, receive_maximum: int = 65535,
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0, tls: ssl.SSLContext | None = None):
         self.host, self.port, self.client_id = host, port, client_id
+        self.tls = tls
         self.keepalive, self.username, self.password = keepalive, username, password
         self.session_expiry, self.receive_maximum = session_expiry, receive_maximum
         self.connect_timeout = connect_timeout
@@ -107,6 +119,12 @@ class MqttSession:
             self.close("reconnecting")
         sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            try:    # the handshake under the connect timeout; a refused certificate is an OSError (SSLError)
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
         sock.setblocking(False)
         self.sock, self.connected = sock, False
         self._buf, self._backlog, self._out, self._partial = b"", False, [], b""
@@ -165,7 +183,7 @@ class MqttSession:
         self._out = []
         try:
             sent = self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
+        except WOULD_BLOCK:
             sent = 0
         except OSError as err:
             self.close(f"socket error on send: {err}")
@@ -232,8 +250,10 @@ class MqttSession:
         return self.sock is not None and (not self._backlog or len(self._buf) < RECV_BYTES)
 
     def has_backlog(self) -> bool:
-        """Complete PUBLISHes are buffered: `read` has work without waiting for the socket."""
-        return self._backlog
+        """Complete PUBLISHes are buffered, or TLS holds decrypted bytes: `read` has work without waiting for
+        the socket (select would not wake for bytes TLS has already taken off it)."""
+        sock = self.sock
+        return self._backlog or (sock is not None and self.tls is not None and sock.pending() > 0)
 
     def read(self, max_publish: int) -> int:
         """Receive one chunk and handle the complete packets buffered; returns PUBLISHes delivered.
@@ -246,8 +266,8 @@ class MqttSession:
             return 0
         if not self._backlog or len(self._buf) < RECV_BYTES:
             try:
-                chunk = sock.recv(RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
+                chunk = sock.recv(RECV_BYTES) if self.tls is None else self._recv_tls(sock)
+            except WOULD_BLOCK:
                 chunk = None
             except OSError as err:
                 self.close(f"socket error on receive: {err}")
@@ -259,6 +279,24 @@ class MqttSession:
                 self._last_in = time.monotonic()
                 self._buf = self._buf + chunk if self._buf else chunk
         return self.feed(b"", max_publish)
+
+    @staticmethod
+    def _recv_tls(sock) -> bytes:
+        """Up to RECV_BYTES of plaintext: one TLS recv returns one record (16 KiB at most), so take records
+        until the socket has no more, as one plain recv takes what the kernel holds."""
+        chunks, size = [], 0
+        while size < RECV_BYTES:
+            try:
+                chunk = sock.recv(RECV_BYTES - size)
+            except WOULD_BLOCK:
+                if chunks:
+                    break
+                raise
+            if not chunk:
+                break               # closed: hand over what came before; the next recv returns b"" again
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
 
     def feed(self, data: bytes, max_publish: int) -> int:
         """Handle received bytes (appended to the buffer); the parser proper. Returns PUBLISHes delivered."""

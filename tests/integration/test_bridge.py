@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -25,6 +26,7 @@ from tooling.testbed.mosquitto import start_site_mosquitto
 SITE = "site-a"
 BRIDGE, BRIDGE_PW = "bridge", "bridge-pw"
 MAX_PAYLOAD = 4096
+MQTT_CA = "/run/secrets/mosquitto_ca.pem"
 
 
 @pytest.fixture(scope="module")
@@ -35,20 +37,24 @@ def stack(lab, tmp_path_factory):
                                   stack_mqtt_device_max_rate=0, stack_mqtt_max_packet_size=2 * 2**20)
     secrets = tmp_path_factory.mktemp("bridge-secrets")
     (secrets / "mqtt_password").write_text(BRIDGE_PW + "\n")
-    (secrets / "mqtt_password").chmod(0o644)
+    # MQTT over TLS, as at a site: Mosquitto's certificate names `mosquitto`, checked against its CA.
+    (secrets / "mosquitto_ca.pem").write_bytes(Path(broker["ca"]).read_bytes())
+    for path in secrets.iterdir():
+        path.chmod(0o644)
     secrets.chmod(0o755)
-    mqtt_port, metrics_port = broker["plain"], free_port()
+    mqtt_port, metrics_port = broker["services"], free_port()
     cluster = start_kafka_cluster(lab)
     create_topics(cluster, names.TEMPERATURE_DATA, names.DEAD_LETTER, names.DEVICE_COMMANDS)
     # "bridges" names every replica, as Swarm's DNS names a service's tasks (BRIDGE_PEERS_DNS).
     bridge = lab.run("services", "bridge", "iot-bridge", memory="256m", ports={metrics_port: 9102},
                      volumes={str(secrets): "/run/secrets:ro"}, aliases=("bridges",), env={
-                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_PEERS_DNS": "bridges",
-                         "BRIDGE_CLIENT_ID": "bridge-1", "BRIDGE_KAFKA_BOOTSTRAP": cluster.internal,
+                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_CA_FILE": MQTT_CA,
+                         "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_PEERS_DNS": "bridges", "BRIDGE_CLIENT_ID": "bridge-1",
+                         "BRIDGE_KAFKA_BOOTSTRAP": cluster.internal,
                          "BRIDGE_SITE": SITE, "BRIDGE_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD),
                          # Short enough that the Kafka outage test also exercises re-produce.
                          "BRIDGE_KAFKA_MESSAGE_TIMEOUT_MS": "15000"})
-    stack = {"secrets": secrets, "kafka_internal": cluster.internal,
+    stack = {"secrets": secrets, "kafka_internal": cluster.internal, "mqtt_ca": str(broker["ca"]),
              "mqtt_port": mqtt_port, "metrics": f"http://127.0.0.1:{metrics_port}", "kafka": cluster.external,
              "bridge": bridge, "broker": f"{lab.network}-{cluster.broker}", "lab": lab, "cluster": cluster}
     wait_until("bridge healthy", lambda: _health(stack)[0] == 200, timeout=120,
@@ -92,6 +98,7 @@ def _device(stack, client_id: str) -> tuple[mqtt.Client, set[int], dict[int, tup
                 acked.add(mid)
 
     client.on_publish = on_publish
+    client.tls_set(ca_certs=stack["mqtt_ca"])
     client.connect("127.0.0.1", stack["mqtt_port"])
     client.loop_start()
     return client, acked, {}
@@ -223,6 +230,7 @@ def test_device_command_from_kafka_reaches_subscribed_mqtt_client(stack):
     client.on_connect = lambda c, *_: c.subscribe(f"sites/{SITE}/devices/dev-9/commands", qos=1)
     client.on_subscribe = lambda *_: subscribed.set()
     client.on_message = lambda _c, _u, msg: received.append((msg.topic, msg.payload))
+    client.tls_set(ca_certs=stack["mqtt_ca"])
     client.connect("127.0.0.1", stack["mqtt_port"])
     client.loop_start()
     try:
@@ -311,8 +319,8 @@ def test_a_replica_stopped_beside_another_hands_its_share_over_and_strands_nothi
     lab = stack["lab"]
     second = lab.run("services", "bridge-b", "iot-bridge", memory="256m", aliases=("bridges",),
                      volumes={str(stack["secrets"]): "/run/secrets:ro"}, env={
-                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE,
-                         "BRIDGE_PEERS_DNS": "bridges", "BRIDGE_CLIENT_ID": "bridge-2",
+                         "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_CA_FILE": MQTT_CA,
+                         "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_PEERS_DNS": "bridges", "BRIDGE_CLIENT_ID": "bridge-2",
                          "BRIDGE_KAFKA_BOOTSTRAP": stack["kafka_internal"], "BRIDGE_SITE": SITE,
                          "BRIDGE_COMMANDS_TOPIC": "none"})
 
@@ -414,7 +422,8 @@ def test_readings_of_unregistered_or_foreign_sensors_are_dead_lettered_and_regis
     tmp_path.chmod(0o755)
     owned = lab.run("services", "bridge-own", "iot-bridge", memory="256m", volumes={
         str(stack["secrets"]): "/run/secrets:ro", str(rules): "/etc/iot/bridge-rules.toml:ro"}, env={
-            "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_USERNAME": BRIDGE, "BRIDGE_CLIENT_ID": "bridge-own-1",
+            "BRIDGE_MQTT_HOST": "mosquitto", "BRIDGE_MQTT_CA_FILE": MQTT_CA, "BRIDGE_MQTT_USERNAME": BRIDGE,
+            "BRIDGE_CLIENT_ID": "bridge-own-1",
             "BRIDGE_SHARE_GROUP": "bridge-own", "BRIDGE_MAPPING_FILE": "/etc/iot/bridge-rules.toml",
             "BRIDGE_KAFKA_BOOTSTRAP": stack["kafka_internal"], "BRIDGE_SITE": SITE, "BRIDGE_COMMANDS_TOPIC": "none",
             "BRIDGE_SENSOR_OWNERS_TOPIC": names.SENSOR_REGISTRATION})

@@ -168,7 +168,8 @@ def bridge(site):
     client.on_connect = lambda c, *_: c.subscribe(readings("+").replace("/t1/", "/+/"), qos=1)
     client.on_subscribe = lambda *_: subscribed.set()
     client.on_message = lambda _c, _u, msg: received.append((msg.topic, msg.payload))
-    client.connect("127.0.0.1", site["broker"]["plain"], keepalive=10, clean_start=True)
+    client.tls_set(ca_certs=str(site["broker"]["ca"]))
+    client.connect("127.0.0.1", site["broker"]["services"], keepalive=10, clean_start=True)
     client.loop_start()
     assert subscribed.wait(10), "the bridge login did not get its SUBACK"
     yield received

@@ -18,7 +18,7 @@ from paho.mqtt.properties import Properties
 from services.commands.devices import hash_password
 from services.common import names
 from tooling.testbed.docker_lab import docker, wait_until
-from tooling.testbed.mosquitto import AGENT_USER, BRIDGE_USER, open_device_gate, start_site_mosquitto
+from tooling.testbed.mosquitto import AGENT_USER, BRIDGE_USER, bridge_login, open_device_gate, start_site_mosquitto
 from tooling.testbed.windowed_client import WindowedClient
 
 SITE = "site-a"
@@ -61,7 +61,7 @@ class Session:
         password = password if password is not None else PASSWORDS.get(username or "")
         # A device's client id is its device id (the plugin refuses another); services pick theirs.
         self.client = _client(client_id or username or "anonymous", username, password,
-                              broker["ca"] if port_kind == "tls" else None, protocol)
+                              broker["ca"], protocol)          # both listeners are TLS
         if will:
             self.client.will_set(*will)
         self.client.on_connect = lambda _c, _u, flags, rc, _p: self._set(
@@ -116,7 +116,7 @@ class Session:
 @pytest.fixture
 def bridge(broker):
     """A bridge replica as the stack runs it: its login on the services listener, its shared subscription."""
-    session = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "plain", client_id="bridge-1")
+    session = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "services", client_id="bridge-1")
     assert session.connected() == (0, False)
     assert session.subscribe("$share/bridge/" + names.MQTT_READINGS.format(site="+", device_id="+",
                                                                           sensor_id="+")) == 1
@@ -136,13 +136,20 @@ def _commands(device: str) -> str:
 
 @pytest.mark.parametrize("username, password", [(None, None), (DEVICE, "wrong-password"), ("nobody", "whatever")],
                          ids=["anonymous", "wrong-password", "unknown-user"])
-@pytest.mark.parametrize("port_kind", ["tls", "plain"])
+@pytest.mark.parametrize("port_kind", ["tls", "services"])
 def test_a_client_without_a_valid_login_is_refused(broker, port_kind, username, password):
-    session = Session(broker, username, password, port_kind, client_id="bridge-9" if port_kind == "plain" else None)
+    session = Session(broker, username, password, port_kind, client_id="bridge-9" if port_kind == "services" else None)
     try:
         assert session.connected() == (0x87, False)          # Not authorized
     finally:
         session.close()
+
+
+def test_the_services_listener_takes_tls_only(broker):
+    """The bridge's and the agent's logins and every reading they take cross the overlay inside TLS (issue
+    30): the services listener (1883) answers no client in clear, and one over TLS gets in."""
+    assert bridge_login(broker["services"], BRIDGE_PASSWORD) is None           # in clear: no CONNACK
+    assert bridge_login(broker["services"], BRIDGE_PASSWORD, ca=broker["ca"]) == 0
 
 
 def _offences(broker: dict, login: str) -> dict[str, int]:
@@ -154,7 +161,7 @@ def _offences(broker: dict, login: str) -> dict[str, int]:
 
 
 def test_a_device_login_is_refused_on_the_services_listener(broker):
-    session = Session(broker, DEVICE, port_kind="plain", client_id="bridge-7")
+    session = Session(broker, DEVICE, port_kind="services", client_id="bridge-7")
     try:
         assert session.connected() == (0x87, False)
     finally:
@@ -176,7 +183,7 @@ def test_the_bridges_login_is_refused_on_the_device_listener(broker):
                                                        (AGENT_USER, AGENT_PASSWORD, "bridge-1")],
                          ids=["bridge-as-a-device", "agent-as-the-bridge"])
 def test_a_service_login_works_only_under_its_own_client_ids(broker, user, password, client_id):
-    session = Session(broker, user, password, "plain", client_id=client_id)
+    session = Session(broker, user, password, "services", client_id=client_id)
     try:
         assert session.connected() == (0x87, False)
     finally:
@@ -312,7 +319,7 @@ def test_a_device_is_refused_any_subscription_but_its_own_commands(broker, topic
 
 
 def test_a_device_reads_only_its_own_commands(broker):
-    device, bridge = Session(broker, DEVICE), Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "plain",
+    device, bridge = Session(broker, DEVICE), Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "services",
                                                         client_id="bridge-2")
     try:
         own, other = _commands(DEVICE), _commands(OTHER_DEVICE)
@@ -462,7 +469,7 @@ def test_after_a_restart_devices_wait_until_the_bridge_has_subscribed(lab, broke
             assert early.connected() is None and early.disconnected
         finally:
             early.close()
-    open_device_gate(broker["plain"], BRIDGE_PASSWORD)
+    open_device_gate(broker["services"], BRIDGE_PASSWORD, broker["ca"])
     late = Session(broker, DEVICE)
     try:
         assert late.connected()[0] == 0
@@ -476,7 +483,7 @@ class Agent:
     """mosquitto-agent's side of the control topic: send a command, read the plugin's JSON answer."""
 
     def __init__(self, broker: dict):
-        self.session = Session(broker, AGENT_USER, AGENT_PASSWORD, "plain", client_id="mosquitto-agent-1")
+        self.session = Session(broker, AGENT_USER, AGENT_PASSWORD, "services", client_id="mosquitto-agent-1")
         assert self.session.connected() == (0, False)
         assert self.session.subscribe("$CONTROL/iot-gate/v1/response") == 1
 
@@ -529,7 +536,7 @@ def test_a_snapshot_replaces_the_table_and_survives_a_restart(lab, broker):
         agent.close()
     docker("restart", f"{lab.network}-mosquitto")
     wait_until("mosquitto after restart", lambda: Session(broker, DEVICE).connected(5) is None, timeout=60)
-    open_device_gate(broker["plain"], BRIDGE_PASSWORD)
+    open_device_gate(broker["services"], BRIDGE_PASSWORD, broker["ca"])
     session = Session(broker, kept, "kept-password-789")
     try:
         assert session.connected()[0] == 0
@@ -555,7 +562,7 @@ def test_the_plugins_answers_leave_mosquittos_memory_count_alone(broker):
 
 
 def test_the_control_topic_is_the_agents_only(broker):
-    bridge = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "plain", client_id="bridge-3")
+    bridge = Session(broker, BRIDGE_USER, BRIDGE_PASSWORD, "services", client_id="bridge-3")
     try:
         sneak = f"upsert\n{_line('site-a-sneak', 'sneaky-password-1')}".encode()
         assert bridge.publish("$CONTROL/iot-gate/v1", sneak) \

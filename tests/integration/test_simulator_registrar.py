@@ -47,12 +47,13 @@ def test_simulator_publishes_count_readings_all_acked_and_received(lab, mosquitt
     received = []
     subscribed = threading.Event()
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bridge-counter", protocol=MQTTProtocolVersion.MQTTv5)
-    sub.username_pw_set(*BRIDGE)            # the bridge's login, on the plain listener as on the overlay
+    sub.username_pw_set(*BRIDGE)            # the bridge's login, on the services listener as on the overlay
     sub.on_connect = lambda c, *_: c.subscribe(
         names.MQTT_READINGS.format(site=SITE, device_id="+", sensor_id="+"), qos=1)
     sub.on_subscribe = lambda *_: subscribed.set()
     sub.on_message = lambda _c, _u, msg: received.append((msg.topic, json.loads(msg.payload)))
-    sub.connect("127.0.0.1", broker["plain"])
+    sub.tls_set(ca_certs=str(broker["ca"]))
+    sub.connect("127.0.0.1", broker["services"])
     sub.loop_start()
     try:
         assert subscribed.wait(10)

@@ -1,9 +1,10 @@
 """What a site's nodes send each other across the LAN, captured there (issue 30): the Swarm overlay's VXLAN
 packets (udp 4789) in the network namespace of site-a's second node, while a device's readings flow, each
-reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093) and the adapter's writes
-to Cassandra (CQL over TLS, 9042) must carry none of them in clear. The capture is shown to see readings where they still cross in clear (INTERNAL 9092, Mosquitto's
-overlay listener 1883: docs/security.md says which links are not encrypted yet), so a clean BROKER or CQL is
-the encryption's doing, not a blind capture's."""
+reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093), the adapter's writes to
+Cassandra (CQL over TLS, 9042) and the bridge's reads from Mosquitto (MQTT over TLS, 1883) must carry none of
+them in clear. So that a clean capture is the encryption's doing, not a blind capture's, the test sends the
+marker in clear itself, from a container on another node to kafka-2's INTERNAL listener (9092, which
+docs/security.md lists as not encrypted yet), and the capture must find it there."""
 from __future__ import annotations
 
 import uuid
@@ -11,7 +12,7 @@ import uuid
 import pytest
 
 from tests.lab.test_2_end_to_end import publish
-from tooling.lab import lab
+from tooling.lab import chaos, lab
 from tooling.lab.overlay_capture import OverlayCapture
 
 pytestmark = pytest.mark.smoke     # scripts/test runs this module in its lab smoke
@@ -22,13 +23,36 @@ CAPTURE_S = 75.0            # the registration and the publishing take 20-60 s o
 BROKER, INTERNAL, MQTT_OVERLAY, CQL = 9093, 9092, 1883, 9042
 
 
-def test_the_brokers_replication_and_the_writes_to_cassandra_cross_the_lan_encrypted(lab_hosts):
+# Run in a container on another node: the marker in clear to kafka-2's INTERNAL listener, across the LAN.
+CONTROL = """
+import socket, sys
+with socket.create_connection(("kafka-2", 9092), timeout=10) as s:
+    s.sendall(sys.argv[1].encode() * 4)
+"""
+
+
+def _python_container_off(hosts: list, captured) -> tuple:
+    """(host, container) of a service container with Python on a node of the site other than `captured`."""
+    for host in (h for h in hosts if h.name != captured.name):
+        for service in ("bridge", "cassandra-adapter", "mosquitto-agent"):
+            found = lab.host_exec(host, "docker", "ps", "-q", *chaos.service_filter(SITE, service),
+                                  check=False).stdout.split()
+            if found:
+                return host, found[0]
+    raise AssertionError(f"no service container with Python on a node of {SITE} other than {captured.name}")
+
+
+def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts):
     hosts = [h for h in lab_hosts if h.site == SITE]
     second = next(h for h in hosts if h.variables.get("kafka_id") == 2)
     manager = lab.site_managers(lab_hosts)[SITE]
+    sender, container = _python_container_off(hosts, second)
     sensor = f"capture{uuid.uuid4().hex[:12]}"          # in every reading's topic, key and record
     capture = OverlayCapture(second, [sensor], CAPTURE_S).start()
     publish(manager, SITE, sensor, [21.0 + (i % 5) * 0.1 for i in range(READINGS)])
+    control = lab.host_exec(sender, "docker", "exec", container, "python", "-c", CONTROL, sensor, check=False,
+                            timeout=60)
+    assert control.returncode == 0, f"the control marker was not sent: {control.stderr[-500:]}"
     seen = capture.result()
 
     summary = f"capture on {second.name}: {seen.vxlan} VXLAN packets, per inner port {seen.ports}"
@@ -37,5 +61,7 @@ def test_the_brokers_replication_and_the_writes_to_cassandra_cross_the_lan_encry
     assert seen.in_clear(BROKER) == 0, f"readings crossed the LAN in clear on BROKER: {summary}"
     assert seen.packets(CQL) > 0, f"no CQL traffic crossed the LAN: {summary}"
     assert seen.in_clear(CQL) == 0, f"readings crossed the LAN in clear on CQL: {summary}"
-    assert seen.in_clear(INTERNAL) + seen.in_clear(MQTT_OVERLAY) > 0, \
-        f"the capture saw no reading anywhere, so it proves nothing about BROKER or CQL: {summary}"
+    assert seen.packets(MQTT_OVERLAY) > 0, f"no MQTT traffic crossed the LAN to the bridge: {summary}"
+    assert seen.in_clear(MQTT_OVERLAY) == 0, f"readings crossed the LAN in clear on MQTT 1883: {summary}"
+    assert seen.in_clear(INTERNAL) > 0, \
+        f"the capture missed the marker sent in clear to kafka-2:9092, so it proves nothing: {summary}"

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _try_gate(broker: dict) -> bool:
     try:
-        open_device_gate(broker["plain"], BRIDGE_PASSWORD)
+        open_device_gate(broker["services"], BRIDGE_PASSWORD, broker["ca"])
         return True
     except (AssertionError, OSError):
         return False

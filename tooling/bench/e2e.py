@@ -131,7 +131,7 @@ def publish(port: int, ca: str, device: str, password: str, rate: float, seconds
 
 # ------------------------------------------------------------------ the thesis adapter (its own process)
 
-def thesis_adapter(bootstrap: str, offsets: dict[int, int], cql_port: int, stop, written) -> None:
+def thesis_adapter(bootstrap: str, offsets: dict[int, int], cql_port: int, stop, written, ca_file: str = "") -> None:
     """The baseline: from `offsets` of temperature-data on, poll one record, INSERT it with a blocking
     execute, next. Same row builder and table shape as the adapter; server-side write timestamps."""
     from cassandra.cluster import Cluster
@@ -139,9 +139,10 @@ def thesis_adapter(bootstrap: str, offsets: dict[int, int], cql_port: int, stop,
 
     from services.adapter.schema import create_keyspace_cql, create_table_cql, insert_cql, layout, row_builder
     from services.common import contracts, names
+    from services.common.cql_tls import cql_tls_context
     from tooling.bench.adapter import insert_one
 
-    cluster = Cluster(["127.0.0.1"], port=cql_port, protocol_version=5)
+    cluster = Cluster(["127.0.0.1"], port=cql_port, protocol_version=5, ssl_context=cql_tls_context(ca_file))
     session = cluster.connect()
     session.use_client_timestamp = False
     lay = layout(contracts.READING.name)
@@ -346,7 +347,8 @@ def run_rate(pipeline, observers: dict, sessions: dict, args: argparse.Namespace
     stop_baseline, written = spawn.Event(), spawn.Value("q", 0)
     baseline = spawn.Process(target=thesis_adapter, args=(pipeline.site_kafka.external,
                                                            end_offsets(site, names.TEMPERATURE_DATA),
-                                                           pipeline.site_cassandra.host_port, stop_baseline, written),
+                                                           pipeline.site_cassandra.host_port, stop_baseline, written,
+                                                           pipeline.site_cassandra.ca_file),
                              daemon=True)
     docker("pause", adapter)
     try:

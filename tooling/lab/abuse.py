@@ -628,7 +628,7 @@ def bridge_login_on_device_port(hosts: list[lab.LabHost], read_s: float = 8.0, h
     return _run(hosts, "bridge-login-on-device-port", abuse, honest=honest, rate=rate, lead_s=3, tail_s=3)
 
 
-# Run inside the bridge's container on site-a's overlay: a device login on Mosquitto's plain listener.
+# Run inside the bridge's container on site-a's overlay: a device login on Mosquitto's services listener.
 OVERLAY_PROBE = """
 import json, os, threading, time
 import paho.mqtt.client as mqtt
@@ -653,6 +653,8 @@ def on_disconnect(cl, u, f, rc, p):
         out["closed"] = rc.value
     answered.set()
 c.on_connect, c.on_subscribe, c.on_message, c.on_disconnect = on_connect, on_subscribe, on_message, on_disconnect
+if os.environ.get("BRIDGE_MQTT_CA_FILE"):       # the services listener takes TLS only, as the bridge uses it
+    c.tls_set(ca_certs=os.environ["BRIDGE_MQTT_CA_FILE"])
 try:
     c.connect(os.environ.get("BRIDGE_MQTT_HOST", "mosquitto"), 1883, 10)
 except OSError as err:
@@ -672,7 +674,7 @@ print(json.dumps(out))
 
 def device_login_on_overlay(hosts: list[lab.LabHost], read_s: float = 5.0, honest: int = 2,
                             rate: float = 50.0) -> Outcome:
-    """The abuser's device login on Mosquitto's overlay listener (1883, plain), from a container on site-a's overlay
+    """The abuser's device login on Mosquitto's overlay listener (1883, TLS), from a container on site-a's overlay
     (the bridge's: docker exec on its host); if accepted, it subscribes to `#` for read_s.
     saw: connack (or closed), suback, received."""
     def abuse(lb: chaos.Lab, _run: str, saw: dict) -> None:
@@ -764,6 +766,8 @@ password = open(os.environ.get("MQTT_PASSWORD_FILE", "/run/secrets/mqtt_password
 c.username_pw_set(os.environ.get("BRIDGE_MQTT_USERNAME", "bridge"), password)
 c.on_connect = lambda cl, u, f, rc, p: (print("CONNACK", rc.value, "session present", f.session_present),
                                         done.set())
+if os.environ.get("BRIDGE_MQTT_CA_FILE"):       # the services listener takes TLS only, as the bridge uses it
+    c.tls_set(ca_certs=os.environ["BRIDGE_MQTT_CA_FILE"])
 c.connect(os.environ.get("BRIDGE_MQTT_HOST", "mosquitto"), 1883, 10, clean_start=True)
 c.loop_start()
 done.wait(10)

@@ -76,10 +76,10 @@ def tls_files(secrets: Path, name: str) -> Path:
 def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], site: str, bridge_password: str,
                          agent_password: str = "agent-password-for-tests", name: str = "mosquitto",
                          open_gate: bool = True, memory: str = "256m", device_ca: str | None = None,
-                         **config: object) -> dict:
-    """Start it; returns {"tls": host port of 8883, "plain": host port of 1883, "ca": the CA file,
-    "data": its volume's folder}. Its certificate names 127.0.0.1 and `name`. With `open_gate`, a bridge
-    login subscribes once so devices are let in, as the bridge does after every start."""
+                         extra_config: str = "", **config: object) -> dict:
+    """Start it; returns {"tls": host port of 8883, "services": host port of 1883 (also TLS), "ca": the CA
+    file, "data": its volume's folder}. Its certificate names 127.0.0.1 and `name`. With `open_gate`, a
+    bridge login subscribes once so devices are let in, as the bridge does after every start."""
     secrets, data = work / "secrets", work / "data"
     secrets.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], s
     (secrets / "mqtt_services").write_text(services_accounts(bridge_password, agent_password))
     # memory_limit as the role derives it (85 % of the container's memory), from this container's `memory`.
     config.setdefault("__stack_mqtt_memory_limit", int(_bytes(memory) * 0.85))
-    (secrets / "mosquitto.conf").write_text(site_config(site, **config))
+    (secrets / "mosquitto.conf").write_text(site_config(site, **config) + extra_config)    # extra: benches only
     (data / "iot-devices").write_text(device_table(devices))
     if device_ca:                        # stack_mqtt_device_auth: certificate
         (secrets / "mqtt_device_ca").write_text(device_ca)
@@ -95,16 +95,16 @@ def start_site_mosquitto(lab: Lab, work: Path, devices: dict[str, str | None], s
         path.chmod(0o644)                # the container's uid 1000 reads them (test secrets only)
     data.chmod(0o777)
     (data / "iot-devices").chmod(0o666)
-    tls, plain = free_port(), free_port()
-    lab.run("mosquitto", name, ports={tls: 8883, plain: 1883},
+    tls, services = free_port(), free_port()
+    lab.run("mosquitto", name, ports={tls: 8883, services: 1883},
             volumes={str(secrets): "/run/secrets:ro", str(data): "/var/lib/mosquitto"},
             env={"MOSQUITTO_CONFIG": "/run/secrets/mosquitto.conf"}, memory=memory)
-    broker = {"tls": tls, "plain": plain, "ca": ca, "data": data, "bridge_password": bridge_password,
+    broker = {"tls": tls, "services": services, "ca": ca, "data": data, "bridge_password": bridge_password,
               "agent_password": agent_password}
-    wait_until("mosquitto's services listener", lambda: bridge_login(plain, bridge_password) == 0, timeout=60,
-               on_timeout=lambda: lab.logs(name))
+    wait_until("mosquitto's services listener", lambda: bridge_login(services, bridge_password, ca=ca) == 0,
+               timeout=60, on_timeout=lambda: lab.logs(name))
     if open_gate:
-        open_device_gate(plain, bridge_password)
+        open_device_gate(services, bridge_password, ca)
     return broker
 
 
@@ -114,11 +114,14 @@ def _bytes(size: str) -> int:
     return int(size[:-1]) * units[size[-1].lower()] if size[-1].lower() in units else int(size)
 
 
-def bridge_login(port: int, password: str, subscribe: str | None = None, host: str = "127.0.0.1") -> int | None:
-    """Log in as the bridge (client id bridge-probe, clean start) and optionally subscribe; returns the
-    CONNACK reason code, None when nothing answered."""
+def bridge_login(port: int, password: str, subscribe: str | None = None, host: str = "127.0.0.1",
+                 ca: Path | str | None = None) -> int | None:
+    """Log in as the bridge (client id bridge-probe, clean start) over TLS checked against `ca` (in clear
+    without it) and optionally subscribe; returns the CONNACK reason code, None when nothing answered."""
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bridge-probe", protocol=MQTTProtocolVersion.MQTTv5)
     client.username_pw_set(BRIDGE_USER, password)
+    if ca:
+        client.tls_set(ca_certs=str(ca))
     result: dict[str, int] = {}
     client.on_connect = lambda _c, _u, _f, rc, _p: result.setdefault("connack", rc.value)
     client.on_subscribe = lambda _c, _u, _m, rcs, _p: result.setdefault("suback", rcs[0].value)
@@ -141,7 +144,7 @@ def bridge_login(port: int, password: str, subscribe: str | None = None, host: s
     return result.get("connack")
 
 
-def open_device_gate(port: int, bridge_password: str) -> None:
+def open_device_gate(port: int, bridge_password: str, ca: Path | str) -> None:
     """What the bridge's first SUBSCRIBE after a Mosquitto start does: devices are let in from then on.
     A clean-start session with a topic no device writes, so nothing queues for it."""
-    assert bridge_login(port, bridge_password, subscribe="testbed/gate") == 0
+    assert bridge_login(port, bridge_password, subscribe="testbed/gate", ca=ca) == 0

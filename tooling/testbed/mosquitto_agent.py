@@ -24,7 +24,8 @@ class AgentProcess:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "MOSQUITTO_AGENT_"))}
         self.env.update({
             "PYTHONPATH": str(REPO), "MQTT_PASSWORD_FILE": str(work / "mqtt_password"),
-            "MOSQUITTO_AGENT_MQTT_HOST": "127.0.0.1", "MOSQUITTO_AGENT_MQTT_PORT": str(broker["plain"]),
+            "MOSQUITTO_AGENT_MQTT_HOST": "127.0.0.1", "MOSQUITTO_AGENT_MQTT_PORT": str(broker["services"]),
+            "MOSQUITTO_AGENT_MQTT_CA_FILE": str(broker["ca"]),      # MQTT over TLS, as at a site
             "MOSQUITTO_AGENT_KAFKA_BOOTSTRAP": bootstrap, "MOSQUITTO_AGENT_METRICS_PORT": str(self.port),
             "MOSQUITTO_AGENT_STATS_INTERVAL_S": str(stats_s), "MOSQUITTO_AGENT_MEMORY_LIMIT": str(memory_limit),
             "MOSQUITTO_AGENT_MAX_QUEUED_MESSAGES": str(max_queued_messages)})

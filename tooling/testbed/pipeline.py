@@ -164,7 +164,7 @@ def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True
         site_kafka = pool.submit(start_kafka_cluster, lab, zookeeper_env=jvm_env["zookeeper"],
                                  broker_env=jvm_env["kafka"], broker_memory="2g" if site_jvms else "1g")
         dc_kafka = pool.submit(start_kafka_cluster, lab, "dc-") if datacenter else None
-        cassandra = {name: pool.submit(start_cassandra, lab, name, dc, heap="1G", memory="3g",
+        cassandra = {name: pool.submit(start_cassandra, lab, name, dc, heap="1G", memory="3g", tls=True,
                                        env=jvm_env["cassandra"] if dc == SITE else None)
                      for name, dc in (("cassandra", SITE), ("dc-cassandra", DATACENTER))
                      if datacenter or dc == SITE}
@@ -185,6 +185,7 @@ def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True
     bridge_files.mkdir()
     bridge_files.chmod(0o755)
     _write(bridge_files, "mqtt_password", bridge_password)
+    _write(bridge_files, "kafka_ca.pem", Path(mqtt["ca"]).read_text())     # MQTT over TLS: Mosquitto's CA
     lab.run("services", "bridge", *rendered.edge["bridge"]["command"], memory="512m",
             volumes={str(bridge_files): "/run/secrets:ro",
                      _write(work, "bridge-mapping.toml", rendered.bridge_mapping): "/etc/iot/bridge-mapping.toml:ro"},
@@ -200,7 +201,8 @@ def start(lab: Lab, work: Path, devices: dict[str, str], datacenter: bool = True
     for prefix, services, cluster, node, mappings, dc in adapters:
         adapter = services["cassandra-adapter"]
         lab.run("services", f"{prefix}cassandra-adapter", *adapter["command"], memory="512m",
-                volumes={_write(work, f"{prefix}adapter-mappings.toml", mappings): "/etc/iot/adapter-mappings.toml:ro"},
+                volumes={_write(work, f"{prefix}adapter-mappings.toml", mappings): "/etc/iot/adapter-mappings.toml:ro",
+                         node.ca_file: "/run/secrets/cassandra_ca.pem:ro"},      # CQL over TLS, as deployed
                 env=environment(adapter, ADAPTER_KAFKA_BOOTSTRAP=cluster.internal, ADAPTER_CASSANDRA_HOSTS=node.name,
                                 ADAPTER_CASSANDRA_LOCAL_DC=dc, ADAPTER_REPLICATION=f"{dc}:1"))
     for job in (j for j in stack_render.stack_defaults()["stack_spark"]["jobs"]["edge"] if j["name"] in jobs):
