@@ -135,24 +135,35 @@ def test_the_relay_and_the_operator_get_client_certificates_of_the_clients_ca_on
     assert "kafka_relay_keystore" not in secrets
 
 
+def _site_ca(secrets: dict, secret: str, purpose: str, others: tuple[str, ...]):
+    """A site CA of the pki role's tasks/site_ca.yml: its own, named for its purpose and site, no sub-CAs."""
+    ca = x509.load_pem_x509_certificate(secrets[secret].encode())
+    assert ca not in {x509.load_pem_x509_certificate(secrets[name].encode()) for name in others}
+    assert ca.subject.rfc4514_string() == f"CN=iot-stack {purpose} CA site-a"
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    return ca
+
+
+def _keystore_cert(pem: str, ca):
+    """The certificate of a PEM keystore as Kafka's and Cassandra's PEM loaders read it (PKCS#8 key, the
+    certificate issued by `ca`, then `ca`), the key matching it."""
+    assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
+    key = serialization.load_pem_private_key(pem.encode(), password=None)
+    cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
+    assert chain_ca == ca and key.public_key() == cert.public_key()
+    cert.verify_directly_issued_by(ca)
+    return cert
+
+
 def test_each_broker_gets_a_broker_certificate_of_the_sites_brokers_ca_only(runs):
     """Kafka's BROKER listener (issue 30): mutual TLS with a CA per site that issues the brokers' BROKER
     certificates and nothing else (not the servers' CA, whose certificates Mosquitto and Prometheus hold, nor
     the clients CA); one subject for every broker (the super user), the name each is reached by as its SAN."""
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
-    brokers_ca = x509.load_pem_x509_certificate(secrets["kafka_brokers_ca"].encode())
-    others = {x509.load_pem_x509_certificate(secrets[name].encode()) for name in ("kafka_ca", "kafka_clients_ca")}
-    assert brokers_ca not in others
-    assert brokers_ca.subject.rfc4514_string() == "CN=iot-stack brokers CA site-a"
-    assert brokers_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    brokers_ca = _site_ca(secrets, "kafka_brokers_ca", "brokers", others=("kafka_ca", "kafka_clients_ca"))
     for kafka in TOPOLOGY["kafka"]:
-        pem = secrets[f"kafka_{kafka['id']}_broker_keystore"]
-        assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
-        key = serialization.load_pem_private_key(pem.encode(), password=None)
-        cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
-        assert chain_ca == brokers_ca and key.public_key() == cert.public_key()
-        cert.verify_directly_issued_by(brokers_ca)
+        cert = _keystore_cert(secrets[f"kafka_{kafka['id']}_broker_keystore"], brokers_ca)
         assert cert.subject.rfc4514_string() == "CN=kafka-broker"     # the entrypoint's super user
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert names.get_values_for_type(x509.DNSName) == [f"kafka-{kafka['id']}"]
@@ -167,19 +178,10 @@ def test_each_cassandra_node_gets_a_certificate_of_the_sites_cassandra_ca_only(r
     another site's node, passes for one; each keystore as Cassandra's PEM factory reads it."""
     tmp_path, *_ = runs
     secrets = json.loads((tmp_path / "secrets.json").read_text())
-    cassandra_ca = x509.load_pem_x509_certificate(secrets["cassandra_ca"].encode())
-    others = {x509.load_pem_x509_certificate(secrets[name].encode())
-              for name in ("kafka_ca", "kafka_clients_ca", "kafka_brokers_ca")}
-    assert cassandra_ca not in others
-    assert cassandra_ca.subject.rfc4514_string() == "CN=iot-stack cassandra CA site-a"
-    assert cassandra_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    cassandra_ca = _site_ca(secrets, "cassandra_ca", "cassandra",
+                            others=("kafka_ca", "kafka_clients_ca", "kafka_brokers_ca"))
     for node in TOPOLOGY["cassandra"]:
-        pem = secrets[f"cassandra_{node['id']}_keystore"]
-        assert pem.startswith("-----BEGIN PRIVATE KEY-----\n") and "\\n" not in pem
-        key = serialization.load_pem_private_key(pem.encode(), password=None)
-        cert, chain_ca = x509.load_pem_x509_certificates(pem.encode())
-        assert chain_ca == cassandra_ca and key.public_key() == cert.public_key()
-        cert.verify_directly_issued_by(cassandra_ca)
+        cert = _keystore_cert(secrets[f"cassandra_{node['id']}_keystore"], cassandra_ca)
         assert cert.subject.rfc4514_string() == f"CN=cassandra-{node['id']}"
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert names.get_values_for_type(x509.DNSName) == [f"cassandra-{node['id']}"]
