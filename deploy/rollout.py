@@ -129,9 +129,10 @@ def _cql_clients_gaining_tls(deployed: dict, new: dict) -> list[str]:
 
 
 def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
-    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, text, cassandra_tls}, ...].
+    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, node, text, cassandra_tls}, ...].
 
-    The first stage's service is '' (only stateless changes); each further stage rolls `service`;
+    The first stage's service is '' (only stateless changes); each further stage rolls `node` (a service of
+    the stack file; `service` names it for people, "cassandra-1 (CQL over TLS opened)");
     `cassandra_tls` is false while a Cassandra node of the stage may still take CQL in clear only (the health
     role's probes then use CQL in clear). Empty when nothing stateful changed, or nothing was deployed before
     (a first deploy has nothing to roll)."""
@@ -161,12 +162,12 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
         return yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)
 
     cql_in_clear = any(name.startswith("cassandra-") for name in opening)
-    stages = [{"service": "", "text": stage_text([], [], False), "cassandra_tls": not cql_in_clear}]
-    stages += [{"service": f"{name} ({OPENED[STATEFUL.match(name).group(1)]})",
+    stages = [{"service": "", "node": "", "text": stage_text([], [], False), "cassandra_tls": not cql_in_clear}]
+    stages += [{"service": f"{name} ({OPENED[STATEFUL.match(name).group(1)]})", "node": name,
                 "text": stage_text([], opening[:i + 1], False), "cassandra_tls": not cql_in_clear}
                for i, name in enumerate(opening)]
-    stages += [{"service": name, "text": stage_text(order[:i + 1], opening, True), "cassandra_tls": True}
-               for i, name in enumerate(order)]
+    stages += [{"service": name, "node": name, "text": stage_text(order[:i + 1], opening, True),
+                "cassandra_tls": True} for i, name in enumerate(order)]
     return stages
 
 

@@ -375,6 +375,7 @@ class Bridge:
 
     def run(self) -> int:
         log.info("bridge starting", extra=kv(client_id=self.s.client_id, mqtt=f"{self.s.mqtt_host}:{self.s.mqtt_port}",
+                                             mqtt_tls="on" if self.s.mqtt_ca_file else "off",
                                              kafka=self.s.kafka_bootstrap, window=self.s.window,
                                              commands=self.s.commands_topic or "off",
                                              sensor_owners=self.s.sensor_owners_topic or "off",

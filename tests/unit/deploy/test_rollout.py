@@ -102,6 +102,8 @@ def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
     assert [s["service"] for s in planned] == [
         "", "kafka-1 (BROKER opened)", "kafka-2 (BROKER opened)", "kafka-3 (BROKER opened)",
         "kafka-1", "kafka-2", "kafka-3"]
+    assert [s["node"] for s in rollout_stages(text(before), text(after))] == \
+        ["", "kafka-1", "kafka-2", "kafka-3", "kafka-1", "kafka-2", "kafka-3"]
 
     def state(stage: dict, name: str) -> str:
         env = stage["stack"]["services"][name]["environment"]
@@ -119,6 +121,10 @@ def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
     rebuilt = render("edge", topology, ids=image_ids(kafka="v2"))
     assert [s["service"] for s in stages(after, rebuilt)][1:4] == ["zookeeper-1", "zookeeper-2", "zookeeper-3"]
     assert not any("opened" in s["service"] for s in stages(after, rebuilt))
+
+
+def nodes_of(count: int) -> list[str]:
+    return [f"cassandra-{n}" for n in range(1, count + 1)]
 
 
 def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology):
@@ -141,6 +147,9 @@ def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology
         "", "cassandra-1 (CQL over TLS opened)", "cassandra-2 (CQL over TLS opened)",
         "cassandra-3 (CQL over TLS opened)", "cassandra-1", "cassandra-2", "cassandra-3"]
     assert [s["cassandra_tls"] for s in planned] == [False, False, False, False, True, True, True]
+    # The role drains and gates by `node`, the service itself (a drain of "cassandra-1 (CQL over TLS
+    # opened)" was a shell syntax error in the lab, 2026-11-29).
+    assert [s["node"] for s in planned] == ["", *nodes_of(3), *nodes_of(3)]
 
     def state(stack: dict, name: str) -> str:
         env = stack["services"][name]["environment"]
