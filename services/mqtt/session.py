@@ -63,7 +63,6 @@ def tls_context(ca_file: str) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=ca_file) if ca_file else None
 
 
-
 def _ignore(*_args) -> None:
     return None
 
