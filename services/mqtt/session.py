@@ -8,12 +8,11 @@ misread; user properties come as a list of (name, value)) and PUBACK out, in ord
 and PUBACK in (resent with DUP after a reconnect, at most the server's Receive Maximum in flight);
 PINGREQ/PINGRESP keep-alive with a dead connection timeout; DISCONNECT out (normal: the session is kept) and in.
 Not supported: QoS 2, topic aliases (we advertise Topic Alias Maximum 0, so the broker must not use them),
-enhanced authentication (AUTH), wills. With `tls` (an ssl.SSLContext) the connection is TLS: the handshake
-blocks like the TCP connect, then reads and writes stay non-blocking. A malformed packet or a
-protocol error from the broker closes the connection with an error log line; nothing of it is delivered or
-acked (tests/unit/mqtt/test_session.py). Single-threaded and non-blocking: the owner calls `read`, `write`
-and `misc` from its loop (after `select` on `sock`); every callback runs inside those calls. Why not paho,
-and how this client reads and acks: docs/architecture.md, "Inside the bridge"."""
+enhanced authentication (AUTH), wills. With `tls` (an ssl.SSLContext) the handshake blocks like the TCP
+connect, then reads and writes stay non-blocking. A malformed packet or a protocol error from the broker
+closes the connection with an error log line; nothing of it is delivered or acked (tests/unit/mqtt/).
+Single-threaded: the owner calls `read`, `write` and `misc` from its loop (after `select` on `sock`); every
+callback runs inside those calls. Why not paho, and how it reads and acks: docs/architecture.md, "Inside the bridge"."""
 from __future__ import annotations
 
 import logging

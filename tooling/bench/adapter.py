@@ -10,10 +10,9 @@ produces the same readings for both. Without --paced it drains them three times 
 the baseline (poll one record, INSERT it with session.execute, next); it prints rows/s of each and the ratio,
 and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
 baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
-device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead. With
---tls-cost the node takes CQL over TLS and in clear, and the adapter drains in clear, over TLS, over TLS,
-in clear (after the warm-up): rows/s of each way and the ratio TLS/clear. Method, figures and why the
-warm-up: docs/development.md, "Benchmarks" ("The adapter").
+device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead; with
+--tls-cost, the adapter's rows/s with CQL over TLS and in clear on one node, and their ratio. Method,
+figures and why the warm-up: docs/development.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
 
