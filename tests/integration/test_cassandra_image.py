@@ -17,6 +17,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, N
 from cassandra.policies import DCAwareRoundRobinPolicy
 
 from tooling.build import pins
+from tooling.testbed.cassandra_node import login_secrets
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 
 CASSANDRA_VERSION = pins.load().versions["cassandra"]
@@ -136,11 +137,7 @@ ADAPTER_ROLE, ADAPTER_PASSWORD = "iot_adapter", "adapter-secret-51c2"
 def auth_port(lab, tmp_path_factory) -> int:
     """A node with PasswordAuthenticator, set up as the stacks do: superuser password, system_auth
     replication and the adapter's role (bin/cassandra-auth-setup)."""
-    secrets = tmp_path_factory.mktemp("secrets")
-    secrets.chmod(0o755)
-    for name, value in (("cassandra_password", SUPERUSER_PASSWORD), ("cassandra_adapter_password", ADAPTER_PASSWORD)):
-        (secrets / name).write_text(value + "\n")
-        (secrets / name).chmod(0o644)  # readable by the container's uid 1000
+    secrets = login_secrets(tmp_path_factory.mktemp("secrets"), SUPERUSER_PASSWORD, ADAPTER_PASSWORD)
     port = free_port()
     lab.run(
         "cassandra",

@@ -18,6 +18,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import WhiteListRoundRobinPolicy
 from cassandra.query import BatchStatement
 
+from tooling.testbed.cassandra_node import login_secrets
 from tooling.testbed.docker_lab import free_port, wait_until
 
 DC = "site-a"
@@ -61,11 +62,7 @@ def _logs_say(lab, name: str, text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def joined(lab, tmp_path_factory):
-    secrets = tmp_path_factory.mktemp("secrets")
-    secrets.chmod(0o755)
-    for name, value in (("cassandra_password", SUPERUSER_PASSWORD), ("cassandra_adapter_password", ADAPTER_PASSWORD)):
-        (secrets / name).write_text(value + "\n")
-        (secrets / name).chmod(0o644)  # readable by the container's uid 1000
+    secrets = login_secrets(tmp_path_factory.mktemp("secrets"), SUPERUSER_PASSWORD, ADAPTER_PASSWORD)
     first = _start(lab, secrets, "cassandra-1", fast=True)
     wait_until("cassandra-1's adapter role", lambda: _logs_say(lab, "cassandra-1", "changed: GRANT CREATE"),
                timeout=300, interval=3, on_timeout=lambda: lab.logs("cassandra-1"))

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from services.common.cql_tls import cql_tls_context
 from tooling.testbed import certs
-from tooling.testbed.cassandra_node import TLS_DIR, start_cassandra
+from tooling.testbed.cassandra_node import TLS_DIR, login_secrets, start_cassandra
 from tooling.testbed.docker_lab import docker, image, wait_until
 
 ADAPTER_ROLE, ADAPTER_PASSWORD = "iot_adapter", "adapter-secret-9d1e"
@@ -24,11 +24,7 @@ SUPERUSER_PASSWORD = "superuser-secret-42aa"
 
 @pytest.fixture(scope="module")
 def node(lab, tmp_path_factory):
-    secrets = tmp_path_factory.mktemp("secrets")
-    secrets.chmod(0o755)
-    for name, value in (("cassandra_password", SUPERUSER_PASSWORD), ("cassandra_adapter_password", ADAPTER_PASSWORD)):
-        (secrets / name).write_text(value + "\n")
-        (secrets / name).chmod(0o644)      # the container's uid 1000 reads them
+    secrets = login_secrets(tmp_path_factory.mktemp("secrets"), SUPERUSER_PASSWORD, ADAPTER_PASSWORD)
     node = start_cassandra(lab, name="cassandra-tls", memory="2g", tls=True, volumes={str(secrets): "/run/secrets:ro"},
                            env={"CASSANDRA_AUTHENTICATOR": "PasswordAuthenticator",
                                 "CASSANDRA_PASSWORD_FILE": "/run/secrets/cassandra_password",

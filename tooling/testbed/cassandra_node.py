@@ -45,6 +45,17 @@ class CassandraNode:
         return cluster.connect(keyspace)
 
 
+def login_secrets(directory: Path, superuser_password: str, adapter_password: str) -> Path:
+    """`directory` holding the two password files a node reads as the stacks hand them over
+    (cassandra_password, cassandra_adapter_password), readable by the container's uid 1000; to mount at
+    /run/secrets."""
+    directory.chmod(0o755)
+    for name, value in (("cassandra_password", superuser_password), ("cassandra_adapter_password", adapter_password)):
+        (directory / name).write_text(value + "\n")
+        (directory / name).chmod(0o644)
+    return directory
+
+
 def make_tls_dir(name: str) -> Path:
     """A directory as the pki role's Cassandra CA makes them for node `name`: ca.pem, and keystore.pem (the
     node's PKCS#8 key, its certificate with SAN DNS:<name>, the CA)."""
