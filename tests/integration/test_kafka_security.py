@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from deploy.kafka_acls import service_acls
 from services.common import kafka_auth
-from tooling.testbed.docker_lab import image
+from tooling.testbed.docker_lab import image, wait_until
 from tooling.testbed.kafka_cluster import (
     create_topics,
     ensure_access,
@@ -44,7 +44,7 @@ def access(lab, cluster, users: dict, acls: list, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(lab):
-    cluster = start_kafka_cluster(lab, prefix="secure-", operator=OPERATOR)
+    cluster = start_kafka_cluster(lab, prefix="secure-", operator=OPERATOR, broker_env={"JMX_EXPORTER_PORT": "9404"})
     create_topics(cluster, RELAYED, NOT_RELAYED, partitions=1)
     producer = Producer(cluster.client(acks="all"))
     for topic in (RELAYED, NOT_RELAYED):
@@ -287,3 +287,37 @@ def test_the_brokers_talk_to_each_other_on_broker(lab, cluster):
                         "/opt/kafka/run/server.properties").stdout.split()
     assert sorted(settings) == ["inter.broker.listener.name=BROKER",
                                 "listener.security.protocol.map=INTERNAL:SASL_PLAINTEXT,EXTERNAL:SASL_SSL,BROKER:SSL"]
+
+
+# What the alerts KafkaLoginsRefusedInsideSite and KafkaExternalLoginsRefused read: the broker's exporter counts
+# the logins each listener refused, a TLS handshake without the right certificate as much as a wrong password.
+def refused_logins(lab, cluster) -> dict[str, float]:
+    """{listener: logins refused} from the broker's JMX exporter, read inside its container as Prometheus would."""
+    page = lab.exec(cluster.broker, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9404; "
+                    "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3").stdout
+    counts: dict[str, float] = {}
+    for line in page.splitlines():
+        if line.startswith("kafka_server_socket_server_failed_authentication_total{"):
+            listener = line.split('listener="', 1)[1].split('"', 1)[0]
+            counts[listener] = counts.get(listener, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_the_exporter_counts_the_logins_each_listener_refused(lab, cluster):
+    before = refused_logins(lab, cluster)
+    assert set(before) == {"INTERNAL", "BROKER", "EXTERNAL"}, before
+    internal_probe(lab, cluster, cluster.admin[0], "not-the-admins-password-2")
+    broker_probe(lab, cluster, {"security.protocol": "SSL", "ssl.ca.location": "/pki/brokers-ca.crt",
+                                "ssl.certificate.location": "/pki/relay.crt", "ssl.key.location": "/pki/relay.key"})
+    errors = metadata_errors({"bootstrap.servers": cluster.external, **cluster.login(RELAY, "not-the-relays-pw")})
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+
+    def counted() -> bool:
+        after = refused_logins(lab, cluster)
+        return all(after.get(listener, 0) > before[listener] for listener in before)
+    wait_until("the refused logins counted on each listener", counted, timeout=60, interval=2,
+               on_timeout=lambda: f"before {before}, now {refused_logins(lab, cluster)}")
+    # Where the alerts send the operator: the broker's log names each refused address.
+    refusals = [line for line in lab.logs(cluster.broker).splitlines() if "Failed authentication with /" in line]
+    assert any("SSL handshake failed" in line for line in refusals), refusals
+    assert any("invalid credentials" in line for line in refusals), refusals
