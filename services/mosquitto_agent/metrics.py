@@ -5,7 +5,10 @@ from its answers (every answer carries its counters). Both are held by one colle
 the agent's thread fills and a scrape reads under a lock; a figure is exported only once known and
 dropped when the MQTT connection drops, so a scrape never shows a stale value as current (mosquitto_up
 says 0 then). Counters are the broker's own totals: they restart from 0 with Mosquitto, which
-Prometheus' rate() and increase() take as a reset.
+Prometheus' rate() and increase() take as a reset. Limit: Mosquitto publishes a $SYS value only when it
+changed at a tick (sys_interval, 10 s) and keeps none for a new subscriber (retain_available false), so
+after the agent reconnects, uptime and heap return within 10 s but clients/connected only at the next
+connect or disconnect (tests/integration/test_devices_and_agent.py::test_the_agent_exports_mosquittos_figures).
 """
 from __future__ import annotations
 
