@@ -137,6 +137,10 @@ def _gate_families(answer: Answer, with_uptime: bool):
                                 value=1 if answer.gate_open else 0)
     if answer.devices is not None:
         yield GaugeMetricFamily("mosquitto_devices", "devices in the plugin's table", value=answer.devices)
+    if answer.connected is not None:
+        yield GaugeMetricFamily("mosquitto_devices_connected",
+                                "device connections the gate let in that are open now (the plugin's count, known "
+                                "at every stats answer, unlike $SYS's clients/connected)", value=answer.connected)
     if with_uptime and answer.uptime_s is not None:
         yield GaugeMetricFamily("mosquitto_uptime_seconds", "seconds since Mosquitto started", value=answer.uptime_s)
     if answer.kicked is not None:

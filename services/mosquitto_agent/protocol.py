@@ -81,6 +81,7 @@ class Answer:
     command: str
     error: str = ""
     devices: int | None = None
+    connected: int | None = None          # device connections the gate let in and Mosquitto has not closed
     gate_open: bool | None = None
     uptime_s: float | None = None
     kicked: int | None = None
@@ -106,7 +107,7 @@ def parse_answer(payload: bytes) -> Answer:
     uptime = raw.get("uptime_s")
     return Answer(
         ok=raw["ok"], command=raw["command"], error=str(raw.get("error") or ""),
-        devices=_count(raw.get("devices")),
+        devices=_count(raw.get("devices")), connected=_count(raw.get("connected")),
         gate_open=raw.get("gate_open") if isinstance(raw.get("gate_open"), bool) else None,
         uptime_s=float(uptime) if isinstance(uptime, int | float) and not isinstance(uptime, bool) else None,
         kicked=_count(raw.get("kicked")),

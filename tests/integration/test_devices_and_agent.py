@@ -394,3 +394,40 @@ def test_an_agent_started_after_changes_sends_the_whole_table(site):
         agent.start()
     wait_login(site, "site-a-while-away-1", late["password"], 0)
     assert agent.health()[0] == 200
+
+
+def test_devices_connected_is_known_right_after_the_agent_restarts(site):
+    """The plugin counts the device connections it let in: a refused login of the same device does not lower
+    the count, and an agent restarted while nothing changes knows it at its first stats answer ($SYS's
+    clients/connected would reach it only at the next connect or disconnect)."""
+    agent = site["agent"]
+    connected = "mosquitto_devices_connected"
+
+    def figure() -> float | None:
+        return agent.metrics().get(connected)
+
+    wait_until(connected, lambda: figure() is not None, timeout=3 * STATS_S, on_timeout=agent.tail)
+    before = figure()
+    [held] = iot_devices(site, "add", "site-a-held-1")
+    wait_login(site, "site-a-held-1", held["password"], 0)
+    session = Device(site, "site-a-held-1", held["password"])
+    try:
+        assert session.answer() == 0
+        wait_until(f"{connected} = {before + 1}", lambda: figure() == before + 1, timeout=3 * STATS_S,
+                   on_timeout=lambda: f"{connected}={figure()}\n{agent.tail()}")
+        refused = agent.metrics()["mosquitto_gate_auth_refused_total"]
+        assert login(site, "site-a-held-1", "not-its-password") == NOT_AUTHORIZED
+        wait_until("the refusal in a stats answer",
+                   lambda: agent.metrics()["mosquitto_gate_auth_refused_total"] > refused, timeout=3 * STATS_S)
+        assert figure() == before + 1, "a refused login of a connected device lowered the count"
+        agent.stop()
+        agent.start()
+        started = time.monotonic()
+        wait_until(f"{connected} after the restart", lambda: figure() is not None, timeout=3 * STATS_S,
+                   on_timeout=agent.tail)
+        print(f"\n{connected} known {time.monotonic() - started:.1f} s after the agent started: {figure():.0f}")
+        assert figure() == before + 1
+    finally:
+        session.close()
+    wait_until(f"{connected} = {before}", lambda: figure() == before, timeout=3 * STATS_S,
+               on_timeout=lambda: f"{connected}={figure()}\n{agent.tail()}")

@@ -150,11 +150,12 @@ def test_the_status_page_shows_the_sites_figures(apps, site):
         status, page = _get(site, apps[site], "/consoles/iot-stack.html")
         assert status == 200, f"{site}: the status page answered {status}"
         figures = {f: _figure(page, f) for f in ("kafka-in", "rows-per-s", "rows-written", "dead-letters",
-                                                 "under-replicated", "relay-lag", "bridge-acked", "disk-free")}
+                                                 "under-replicated", "relay-lag", "bridge-acked", "disk-free",
+                                                 "devices-connected")}
         # Edge: readings arrive and are written. Datacenter: MirrorMaker reports its lag per flow (its
         # adapter writes only when a site sends an event or a registration, so it may show no rows).
         # "no data" until a rate has two scrapes in its window: a loaded lab's CI run met it (2026-11-29).
-        flowing = (all(_positive(figures[f]) for f in ("kafka-in", "bridge-acked", "rows-written"))
+        flowing = (all(_positive(figures[f]) for f in ("kafka-in", "bridge-acked", "rows-written", "devices-connected"))
                    if _tier(site) == "edge" else figures["relay-lag"] != "no data")
         if flowing:
             break

@@ -91,6 +91,13 @@ struct account {
 	struct account *next;
 };
 
+/* A device connection the gate let in, until Mosquitto reports it closed: the devices connected now, which
+ * Mosquitto's $SYS says only when the figure changes (and, with retain_available false, to no late subscriber). */
+struct session {
+	struct mosquitto *client;
+	UT_hash_handle hh;
+};
+
 struct offender {
 	char id[MAX_ID + 1];
 	unsigned long count[OFF_COUNT];
@@ -112,6 +119,7 @@ static struct {
 	time_t started;
 	double last_gate_log;
 	struct offender offenders[OFFENDERS];
+	struct session *sessions;
 	unsigned long auth_ok, auth_refused, unknown_device, gate_refused, acl_denied_publish, acl_denied_subscribe,
 		rate_limited, rested, control, kicked, offences;
 	int instances;
@@ -552,6 +560,10 @@ static int device_auth(struct mosquitto_evt_basic_auth *ed)
 		d->minute_connects = 0;
 	}
 	if(++d->minute_connects > RECONNECTS_PER_MINUTE) offend(d->id, OFF_RECONNECTING);
+	struct session *s = calloc(1, sizeof(*s));
+	if(!s) return MOSQ_ERR_NOMEM;
+	s->client = ed->client;
+	HASH_ADD_PTR(g.sessions, client, s);
 	if(d->connections > 0) offend(d->id, OFF_DUPLICATE);      /* its login is in use: someone else has it */
 	d->connections++;
 	return MOSQ_ERR_SUCCESS;
@@ -562,6 +574,11 @@ static int on_disconnect(int event, void *event_data, void *userdata)
 	(void)event;
 	(void)userdata;
 	struct mosquitto_evt_disconnect *ed = event_data;
+	struct session *s = NULL;
+	HASH_FIND_PTR(g.sessions, &ed->client, s);
+	if(!s) return MOSQ_ERR_SUCCESS;       /* a login refused or closed before the gate let it in */
+	HASH_DEL(g.sessions, s);
+	free(s);
 	const char *user = mosquitto_client_username(ed->client);
 	struct device *d = NULL;
 	if(user) HASH_FIND_STR(g.devices, user, d);
@@ -678,13 +695,14 @@ static void respond(struct mosquitto *client, bool ok, const char *command, cons
 	static char body[32768];
 	size_t size = sizeof(body) - 16;
 	int n = snprintf(body, size,
-			"{\"ok\":%s,\"command\":\"%s\",\"error\":\"%s\",\"devices\":%u,\"gate_open\":%s,\"uptime_s\":%.0f,"
+			"{\"ok\":%s,\"command\":\"%s\",\"error\":\"%s\",\"devices\":%u,\"connected\":%u,\"gate_open\":%s,"
+			"\"uptime_s\":%.0f,"
 			"\"kicked\":%lu,\"counters\":{\"auth_ok\":%lu,\"auth_refused\":%lu,\"unknown_device\":%lu,"
 			"\"gate_refused\":%lu,\"acl_denied_publish\":%lu,\"acl_denied_subscribe\":%lu,\"rate_limited\":%lu,"
 			"\"rested\":%lu,\"control\":%lu,\"offences\":%lu},\"offences\":{",
 			ok ? "true" : "false", command, error ? error : "", HASH_COUNT(g.devices),
-			g.gate_open ? "true" : "false", difftime(time(NULL), g.started), g.kicked, g.auth_ok,
-			g.auth_refused, g.unknown_device, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe,
+			HASH_COUNT(g.sessions), g.gate_open ? "true" : "false", difftime(time(NULL), g.started), g.kicked,
+			g.auth_ok, g.auth_refused, g.unknown_device, g.gate_refused, g.acl_denied_publish, g.acl_denied_subscribe,
 			g.rate_limited, g.rested, g.control, g.offences);
 	bool first = true;
 	for(int i = 0; i < OFFENDERS && n > 0 && (size_t)n < size - 400; i++){
@@ -949,6 +967,11 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *opts, int cou
 		}
 		free(g.devices_file);
 		g.devices_file = NULL;
+		struct session *s, *tmp;
+		HASH_ITER(hh, g.sessions, s, tmp){
+			HASH_DEL(g.sessions, s);
+			free(s);
+		}
 	}
 	return MOSQ_ERR_SUCCESS;
 }

@@ -97,7 +97,8 @@ from services.mosquitto_agent import metrics, protocol
 for topic in metrics.SYS_METRICS:
     metrics.FIGURES.set_sys(topic, b"1")
 metrics.FIGURES.set_answer(protocol.parse_answer(
-    b'{"ok": true, "command": "stats", "error": "", "devices": 3, "gate_open": true, "uptime_s": 60, "kicked": 0,'
+    b'{"ok": true, "command": "stats", "error": "", "devices": 3, "connected": 2, "gate_open": true, "uptime_s": 60,'
+    b' "kicked": 0,'
     b' "counters": {"auth_ok": 5, "auth_refused": 1, "gate_refused": 0, "acl_denied_publish": 0,'
     b' "acl_denied_subscribe": 0, "rate_limited": 1, "control": 2, "offences": 1},'
     b' "offences": {"press-7": {"rate_limited": 1}}}'))

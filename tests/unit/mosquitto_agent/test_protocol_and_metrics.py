@@ -69,7 +69,8 @@ def test_a_snapshot_of_thousands_fits_mosquittos_default_packet_size():
 
 # ------------------------------------------------------------------ answers
 
-ANSWER = {"ok": True, "command": "stats", "error": "", "devices": 3, "gate_open": True, "uptime_s": 42, "kicked": 1,
+ANSWER = {"ok": True, "command": "stats", "error": "", "devices": 3, "connected": 2, "gate_open": True, "uptime_s": 42,
+          "kicked": 1,
           "counters": {"auth_ok": 5, "auth_refused": 2, "unknown_device": 1, "gate_refused": 7,
                        "acl_denied_publish": 1, "acl_denied_subscribe": 4, "rate_limited": 9, "rested": 5,
                        "control": 11, "offences": 15},
@@ -80,7 +81,7 @@ ANSWER = {"ok": True, "command": "stats", "error": "", "devices": 3, "gate_open"
 def test_an_answer_gives_its_figures():
     answer = protocol.parse_answer(json.dumps(ANSWER).encode())
     assert answer.ok and answer.command == "stats" and answer.devices == 3 and answer.gate_open is True
-    assert answer.uptime_s == 42.0 and answer.kicked == 1
+    assert answer.uptime_s == 42.0 and answer.kicked == 1 and answer.connected == 2
     assert answer.counters["gate_refused"] == 7 and answer.counters["offences"] == 15
     assert answer.offences["press-1"] == {"rate_limited": 6, "wrong_password": 2}
     assert answer.offences["press-2"] == {"rate_limited": 3}
@@ -95,7 +96,7 @@ def test_fields_of_the_wrong_type_are_left_out():
     answer = protocol.parse_answer(b'{"ok":true,"command":"stats","devices":"many","gate_open":1,'
                                    b'"counters":{"auth_ok":-1,"rate_limited":true,"control":3},'
                                    b'"offences":[1]}')
-    assert answer.devices is None and answer.gate_open is None
+    assert answer.devices is None and answer.gate_open is None and answer.connected is None
     assert answer.counters == {"control": 3} and answer.offences == {}
 
 
@@ -147,6 +148,7 @@ def test_a_scrape_shows_sys_figures_plugin_counters_and_settings():
     assert got["mosquitto_up"] == 1 and got["mosquitto_uptime_seconds"] == 50
     assert got["mosquitto_messages_dropped_total"] == 4 and got["mosquitto_heap_bytes"] == 2048
     assert got["mosquitto_gate_open"] == 1 and got["mosquitto_devices"] == 3
+    assert got["mosquitto_devices_connected"] == 2
     assert got["mosquitto_gate_auth_refused_total"] == 2 and got["mosquitto_gate_start_refused_total"] == 7
     assert got["mosquitto_gate_rate_limited_total"] == 9 and got["mosquitto_gate_rested_total"] == 5
     assert got['mosquitto_gate_acl_denied_total{action="publish"}'] == 1
