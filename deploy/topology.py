@@ -5,7 +5,8 @@ cassandra_id (1..n, unique in the site: the node runs <role>-<id>); apps_node (o
 keep state on a node's volume, Spark and monitoring, and a share of the stateless ones); stateless_node (any
 number of hosts: a share of the stateless services, which survive the loss of any one of these nodes);
 mqtt_node (one or more hosts per edge site: Mosquitto runs on one of them and Swarm starts it on another when
-that node dies; devices are given every one's address); ansible_host (the address others use).
+that node dies; devices are given every one's address); kafka_retire (a broker whose replicas move to the
+others before its host leaves the inventory: the highest kafka_ids only); ansible_host (the address others use).
 docs/operations.md ("Inventory", host variables) explains each; a bad value raises DeployError naming the host,
 the variable and the fix.
 """
@@ -41,6 +42,22 @@ def _ids(hostvars: dict, hosts: list[str], role: str) -> list[dict]:
     if placed and sorted(placed) != list(range(1, len(placed) + 1)):
         fail(f"{var} values {sorted(placed)} must run 1..{len(placed)} without gaps")
     return [{"id": i, "node": placed[i], "address": _address(hostvars, placed[i])} for i in sorted(placed)]
+
+
+def _retiring(hostvars: dict, hosts: list[str], brokers: list[dict], site: str) -> list[int]:
+    """Ids of the brokers with kafka_retire=true: the highest ones (ids still run 1..n once they leave), and
+    never all of them."""
+    for host in hosts:
+        if _flagged(hostvars[host], "kafka_retire") and not any(k["node"] == host for k in brokers):
+            fail(f"{host}: kafka_retire=true without a kafka_id; retire the host that runs the broker")
+    retiring = sorted(k["id"] for k in brokers if _flagged(hostvars[k["node"]], "kafka_retire"))
+    if retiring and len(retiring) == len(brokers):
+        fail(f"site {site}: every broker has kafka_retire=true; at least one must stay")
+    highest = list(range(len(brokers) - len(retiring) + 1, len(brokers) + 1))
+    if retiring != highest:
+        fail(f"site {site}: kafka_retire=true on kafka_id {retiring}; only the highest ids can leave ({highest} "
+             "for as many brokers), as ids run 1..n")
+    return retiring
 
 
 def _address(hostvars: dict, host: str) -> str:
@@ -111,6 +128,9 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
                        if tier == "edge" else []),
         "mqtt_addresses": [_address(hostvars, h) for h in mqtt_nodes],
         "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
+        # Brokers whose replicas move to the others (the topics role); they run until their host leaves.
+        "kafka_retiring": (retiring := _retiring(hostvars, hosts, topology["kafka"], site_alias)),
+        "kafka_serving": [k["id"] for k in topology["kafka"] if k["id"] not in retiring],
         "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
         # Ids run 1..n, so the first three nodes are always these names, whether or not the site has
         # them yet: adding a node changes no node's seed list (Cassandra skips a seed it cannot resolve,

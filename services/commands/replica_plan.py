@@ -1,17 +1,16 @@
-"""Where each partition's replicas should live once a site has more brokers: the pure logic of
-`iot-topics reassignment` (services/commands/topics.py).
-
-The plan moves as little as it can, in three steps per topic:
+"""Where each partition's replicas should live as a site's brokers change: the pure logic of
+`iot-topics reassignment` (services/commands/topics.py). It moves as little as it can, per topic:
+0. Replicas on a broker of `drain` (kafka_retire=true; docs/operations.md, "Removing a Kafka broker from
+   a site") are dropped; the others keep their order, so the next one, in sync, becomes preferred leader.
 1. A replica stays where it is when its broker is one of the site's; the order of the list is kept,
    so the partition's preferred leader does not change.
 2. A partition with fewer replicas than the target gets the site brokers it lacks that hold the
    fewest of the topic's replicas (then the fewest of all topics', then the lowest id).
 3. While one site broker holds two or more of the topic's replicas more than another, one replica
    moves from the fullest to the emptiest: a follower where one can move, so leaders move least.
-
-Replication factors are only raised, never lowered. A replica on a broker that is not one of the
-site's (a broker taken out of the inventory) is left where it is and reported: moving data off a
-broker is a decision for an operator, not a side effect of a deploy.
+Replication is only raised, except where fewer brokers remain after a drain than a topic had replicas.
+A replica on a broker that is neither the site's nor drained (a broker taken out of the inventory) is
+left where it is and reported: moving data off a broker is an operator's decision, not a deploy's.
 """
 from __future__ import annotations
 
@@ -51,30 +50,37 @@ def _span(values: set[int]) -> str:
     return str(min(values)) if len(values) == 1 else f"{min(values)}-{max(values)}"
 
 
-def plan_replicas(current: Assignment, brokers: list[int], replication: int) -> ReplicaPlan:
+def plan_replicas(current: Assignment, brokers: list[int], replication: int,
+                  drain: list[int] | tuple[int, ...] = ()) -> ReplicaPlan:
     """The partitions to move so every topic has `replication` replicas (at least) spread evenly
-    over `brokers`; `current` is what the cluster's metadata says now."""
+    over `brokers` and none on a broker of `drain`; `current` is what the cluster's metadata says now."""
     if not brokers or len(set(brokers)) != len(brokers):
         raise ValueError(f"brokers must be distinct broker ids, got {brokers}")
     if not 1 <= replication <= len(brokers):
         raise ValueError(f"replication must be between 1 and the {len(brokers)} brokers, got {replication}")
+    if set(drain) & set(brokers):
+        raise ValueError(f"a broker cannot both stay and be drained: {sorted(set(drain) & set(brokers))}")
     site = sorted(brokers)
     overall: Counter[int] = Counter({b: 0 for b in site})
     for parts in current.values():
         overall.update(b for replicas in parts.values() for b in replicas if b in overall)
     plan = ReplicaPlan()
     for topic in sorted(current):
-        wanted = {p: list(r) for p, r in current[topic].items()}
+        wanted = {p: [b for b in r if b not in drain] for p, r in current[topic].items()}
         strays = sorted({b for r in wanted.values() for b in r if b not in overall})
         if strays:
             plan.notes.append(f"{topic}: replicas on broker(s) {strays}, which are not the site's {site}; "
-                              "left where they are")
+                              "left where they are (to move them off, retire the broker: kafka_retire=true)")
         _add_missing(wanted, site, replication, overall)
         _even_out(wanted, site, overall)
+        lowered = sorted(p for p, r in wanted.items() if len(r) < len(current[topic][p]))
+        if lowered:
+            plan.notes.append(f"{topic}: {len(lowered)} partition(s) lose a replica with broker(s) {sorted(drain)} "
+                              f"and keep {replication}: fewer brokers remain than they had replicas")
         changed = {p: r for p, r in wanted.items() if r != current[topic][p]}
         if changed:
             plan.moves[topic] = changed
-        too_many = sorted(p for p, r in current[topic].items() if len(r) > replication)
+        too_many = sorted(p for p, r in wanted.items() if len(r) > replication)
         if too_many:
             plan.notes.append(f"{topic}: {len(too_many)} partition(s) have more than {replication} replicas; "
                               "left as they are (replication is never lowered)")

@@ -4,7 +4,7 @@
       --retention-ms 604800000 \\
       --spec '[{"name": "temperature-data", "partitions": 6, "cleanup": "delete"},
                {"name": "device-registration", "partitions": 1, "cleanup": "compact"}]'
-  iot-topics reassignment --bootstrap ... --brokers 1,2,3 --replication 3
+  iot-topics reassignment --bootstrap ... --brokers 1,2,3 --replication 3 [--drain 4]
   iot-topics min-insync --bootstrap ... --min-insync 2
 
 `ensure` creates every listed topic that does not exist yet and never alters an existing one; `reassignment`
@@ -43,8 +43,10 @@ defaults. stdout is exactly one JSON line, lists sorted:
 
 reassignment prints (stdout, one line) the kafka-reassign-partitions plan that gives every topic, Kafka's
 own included, at least --replication replicas spread evenly over --brokers (services/commands/replica_plan.py);
-{"version": 1, "partitions": []} when nothing has to move. It moves nothing itself: the topics role hands
-the plan to kafka-reassign-partitions, which confluent-kafka cannot replace.
+{"version": 1, "partitions": []} when nothing has to move. --drain lists brokers that are retiring: the plan
+takes every replica off them (replication falls only where fewer brokers remain than a topic had replicas).
+It moves nothing itself: the topics role hands the plan to kafka-reassign-partitions, which confluent-kafka
+cannot replace.
 
 min-insync sets every topic's min.insync.replicas to --min-insync, but always below its replication factor
 (at least 1), and prints {"changed": [...], "unchanged": N}.
@@ -245,14 +247,14 @@ def plan_internal_topics(present: set[str], replication: int, min_insync: int) -
             for name, (partitions, config) in INTERNAL_TOPICS.items() if name not in present]
 
 
-def parse_brokers(text: str) -> list[int]:
+def parse_brokers(text: str, flag: str = "--brokers") -> list[int]:
     """--brokers "1,2,3" -> [1, 2, 3]; SpecError naming the flag otherwise."""
     try:
         brokers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         brokers = []
     if not brokers or len(set(brokers)) != len(brokers) or min(brokers) < 0:
-        raise SpecError(f"--brokers must list distinct broker ids separated by commas, e.g. 1,2,3 (got {text!r})")
+        raise SpecError(f"{flag} must list distinct broker ids separated by commas, e.g. 1,2,3 (got {text!r})")
     return brokers
 
 
@@ -442,6 +444,10 @@ def reassignment(args: argparse.Namespace) -> int:
     brokers = parse_brokers(args.brokers)
     if not 1 <= args.replication <= len(brokers):
         raise SpecError(f"--replication must be between 1 and the {len(brokers)} --brokers (got {args.replication})")
+    drain = parse_brokers(args.drain, "--drain") if args.drain else []
+    if set(drain) & set(brokers):
+        raise SpecError(f"--drain {args.drain} names broker(s) of --brokers {args.brokers}: "
+                        f"{sorted(set(drain) & set(brokers))} cannot both stay and retire")
     quiet = _LastMessage()
     admin = admin_client(args.bootstrap, quiet, kafka_auth.internal_config())
     metadata = wait_for_brokers(admin, args.bootstrap, len(brokers), args.wait_seconds, quiet)
@@ -450,13 +456,18 @@ def reassignment(args: argparse.Namespace) -> int:
         raise TopicsError(f"broker(s) {missing} of --brokers are not registered at {args.bootstrap} "
                           f"(registered: {sorted(metadata.brokers)})")
     current = current_assignment(metadata)
-    plan = plan_replicas(current, brokers, args.replication)
+    gone = sorted(set(drain) - set(metadata.brokers))
+    if gone:
+        _say(f"warning: retiring broker(s) {gone} are not registered: a partition whose only replicas were "
+             "on them has no copy to move")
+    plan = plan_replicas(current, brokers, args.replication, drain)
     for note in plan.notes:
         _say(f"warning: {note}")
     for line in plan.summary(current):
         _say(f"plan: {line}")
     if not plan.moves:
-        _say(f"every topic has {args.replication} replicas or more, spread over brokers {sorted(brokers)}")
+        _say(f"every topic has {args.replication} replicas or more, spread over brokers {sorted(brokers)}"
+             + (f", none on retiring broker(s) {sorted(drain)}" if drain else ""))
     print(plan.kafka_json())
     return 0
 
@@ -527,6 +538,8 @@ REASSIGNMENT_OPTIONS: tuple[settings.Option, ...] = (
     _BOOTSTRAP,
     settings.Option("brokers", "TOPICS_BROKERS", None, "the site's broker ids, e.g. 1,2,3", required=True),
     settings.Option("replication", "TOPICS_REPLICATION", 1, "replication factor every topic gets at least", int),
+    settings.Option("drain", "TOPICS_DRAIN", "",
+                    "retiring broker ids, e.g. 4: every replica moves off them (empty: none)"),
     settings.Option("wait_seconds", "TOPICS_WAIT_SECONDS", 600.0,
                     "how long to wait for every broker of --brokers to register", float),
 )

@@ -1,5 +1,6 @@
-"""A site gains a broker: what the topics role runs (iot-topics ensure --internal, reassignment,
-kafka-reassign-partitions, min-insync) against real brokers, with records written before the move."""
+"""A site gains a broker, then retires it: what the topics role runs (iot-topics ensure --internal,
+reassignment [--drain], kafka-reassign-partitions, min-insync) against real brokers, with records written
+before the moves."""
 from __future__ import annotations
 
 import json
@@ -129,3 +130,31 @@ def test_a_replica_plan_needs_every_listed_broker(lab, cluster):
                     "--wait-seconds", "5", check=False, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
     assert "did not answer with 3 broker(s)" in result.stderr
+
+
+def test_a_retiring_broker_hands_every_replica_to_the_other_and_then_stops_without_a_loss(lab, cluster):
+    """kafka_retire=true on broker 2 of 2: the role plans with --brokers 1 --drain 2 --replication 1."""
+    planned = tool(lab, cluster, "reassignment", "--brokers", "1", "--drain", "2", "--replication", "1")
+    plan = planned["out"]
+    before = replicas(cluster)
+    assert {(p["topic"], p["partition"]) for p in plan["partitions"]} == {
+        (t, p) for t, parts in before.items() for p, (reps, _) in parts.items() if 2 in reps}
+    assert all(p["replicas"] == [1] for p in plan["partitions"]), plan
+    assert "temperature-data: 6 partition(s) lose a replica with broker(s) [2]" in planned["err"]
+    assert "plan: temperature-data: 6 of 6 partitions move, replication 2 -> 1" in planned["err"]
+
+    executed = reassign(lab, cluster, json.dumps(plan), "--execute", "--throttle", "50000000")
+    assert executed.returncode == 0, executed.stdout + executed.stderr
+    wait_until("the replicas off broker 2", lambda: all(
+        reps == [1] and isr == [1] for parts in replicas(cluster).values() for reps, isr in parts.values()),
+        timeout=240, interval=5, on_timeout=lambda: str(replicas(cluster)))
+
+    lab.stop("kafka2")        # the second run: its host left the inventory, the stack prunes kafka-2
+    assert count_records(cluster, "temperature-data") == RECORDS
+    producer = Producer(cluster.client(**{"acks": "all", "message.timeout.ms": 30000}))
+    for i in range(100):
+        producer.produce("temperature-data", key=f"s{i % 12}", value=f"after-{i}")
+    assert producer.flush(60) == 0
+    assert count_records(cluster, "temperature-data") == RECORDS + 100
+    again = tool(lab, cluster, "reassignment", "--brokers", "1", "--replication", "1")
+    assert again["out"] == {"version": 1, "partitions": []} and "warning" not in again["err"]

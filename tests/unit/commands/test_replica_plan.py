@@ -84,3 +84,36 @@ def test_bad_brokers_or_replication_are_refused(brokers, replication):
 @pytest.mark.parametrize("replication, target, expected", [(1, 1, 1), (2, 1, 1), (3, 2, 2), (2, 2, 1), (5, 2, 2)])
 def test_min_insync_is_one_less_than_the_replicas_at_most_the_target(replication, target, expected):
     assert min_insync_for(replication, target) == expected
+
+
+def test_a_retiring_fourth_broker_hands_every_replica_to_the_others_and_replication_stays():
+    current = {"t": {p: [1 + (p + i) % 4 for i in range(3)] for p in range(8)}}
+    plan = plan_replicas(current, [1, 2, 3], 3, drain=[4])
+    result = after(current, plan)
+    assert all(sorted(r) == [1, 2, 3] for r in result["t"].values()), result
+    for p, replicas in current["t"].items():
+        kept = [b for b in replicas if b != 4]
+        assert result["t"][p][:len(kept)] == kept, "the others keep their order: the next in sync leads"
+    assert plan.partitions() == 6 and plan.notes == []      # the 6 partitions broker 4 held
+    assert plan.summary(current) == ["t: 6 of 8 partitions move, replication 3 -> 3"]
+
+
+def test_retiring_the_third_of_three_brokers_lowers_replication_to_the_two_that_remain():
+    current = {"t": {p: [1 + (p + i) % 3 for i in range(3)] for p in range(3)}}
+    plan = plan_replicas(current, [1, 2], 2, drain=[3])
+    result = after(current, plan)
+    assert all(sorted(r) == [1, 2] for r in result["t"].values())
+    assert plan.notes == ["t: 3 partition(s) lose a replica with broker(s) [3] and keep 2: fewer brokers remain "
+                          "than they had replicas"]
+    assert min_insync_for(2, 2) == 1
+
+
+def test_a_partition_only_on_the_retiring_broker_is_copied_to_the_least_loaded_one():
+    current = {"a": {0: [2]}, "b": {0: [1]}}
+    result = after(current, plan_replicas(current, [1, 3], 1, drain=[2]))
+    assert result["a"][0] == [3] and result["b"] == {0: [1]}
+
+
+def test_a_broker_cannot_both_stay_and_be_drained():
+    with pytest.raises(ValueError, match="both stay and be drained"):
+        plan_replicas({}, [1, 2], 1, drain=[2])

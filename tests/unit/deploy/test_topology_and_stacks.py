@@ -59,10 +59,26 @@ SMALL_SITE = _hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "ap
      "exactly one host needs apps_node=true"),
     (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True}),
      "no host has mqtt_node=true .Mosquitto.; set it on at least one host"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "worker", "kafka_retire": True}}, "n2: kafka_retire=true without a kafka_id"),
+    (_hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "apps_node": True, "mqtt_node": True,
+                "kafka_retire": True}), "every broker has kafka_retire=true; at least one must stay"),
+    ({**SMALL_SITE, "n1": {**SMALL_SITE["n1"], "kafka_retire": "true"}, "n2": {"swarm_role": "worker", "kafka_id": 2}},
+     r"kafka_retire=true on kafka_id \[1\]; only the highest ids can leave \(\[2\]"),
 ])
 def test_bad_inventory_is_named(hostvars, message):
     with pytest.raises(Exception, match=message):
         site_topology(hostvars, list(hostvars), "site-x", "edge")
+
+
+def test_a_retiring_broker_still_runs_and_is_no_longer_one_the_topics_are_spread_over():
+    hostvars = {**SMALL_SITE, "n2": {"swarm_role": "worker", "kafka_id": 2},
+                "n3": {"swarm_role": "worker", "kafka_id": 3, "kafka_retire": "yes"}}
+    topology = site_topology(hostvars, list(hostvars), "site-x", "edge")
+    assert [k["id"] for k in topology["kafka"]] == [1, 2, 3]
+    assert topology["kafka_retiring"] == [3] and topology["kafka_serving"] == [1, 2]
+    assert topology["kafka_bootstrap_internal"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+    plain = site_topology(SMALL_SITE, ["n1"], "site-x", "edge")
+    assert plain["kafka_retiring"] == [] and plain["kafka_serving"] == [1]
 
 
 def test_bad_site_alias_is_named():
