@@ -1,9 +1,10 @@
-"""Growing a site: one more Kafka broker joins site-a with one inventory line and one playbook run
-(`scripts/lab add-broker site-a`) while a device publishes. Every partition, Kafka's own included, is
-spread over the brokers with min(brokers, 3) replicas all in sync (from two brokers to three:
-replication 2 -> 3, min.insync.replicas 1 -> 2); the running brokers, ZooKeeper, Cassandra and
-Mosquitto keep their tasks; nothing is lost. Run again on the same lab, it adds one more broker each
-time (replication then stays 3 and partitions move over to the new broker).
+"""Growing a site, and shrinking it: one more Kafka broker joins site-a with one inventory line and one
+playbook run (`scripts/lab add-broker site-a`) while a device publishes. Every partition, Kafka's own
+included, is spread over the brokers with min(brokers, 3) replicas all in sync (from two brokers to three:
+replication 2 -> 3, min.insync.replicas 1 -> 2); the running brokers, ZooKeeper, Cassandra and Mosquitto
+keep their tasks; nothing is lost. Run again on the same lab, it adds one more broker each time. Then the
+highest broker leaves (`scripts/lab retire-broker site-a`: kafka_retire=true and a run, its host out and a
+run): its replicas are handed over first, nothing restarts that need not, nothing is lost.
 Not in the smoke: a new host, its images and the deploy take 8-16 minutes here."""
 from __future__ import annotations
 
@@ -109,4 +110,48 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
     (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
     assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
 
+    assert_counted(manager, SITE, sensors)
+
+
+def assert_spread(manager: lab.LabHost, brokers: list[int]) -> dict:
+    """Every partition of the site on min(brokers, 3) of `brokers`, all in sync; the site's topics."""
+    replication = min(len(brokers), 3)
+    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(manager)}:9094"))
+    metadata = admin.list_topics(timeout=30)
+    wrong = {(name, p): (list(part.replicas), list(part.isrs))
+             for name, topic in metadata.topics.items() for p, part in topic.partitions.items()
+             if len(set(part.replicas)) != replication or not set(part.replicas) <= set(brokers)
+             or set(part.isrs) != set(part.replicas)}
+    assert not wrong, wrong
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
+    assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
+    return metadata
+
+
+@pytest.mark.timeout(3600)
+def test_the_highest_broker_retires_with_its_replicas_handed_over_and_restarts_no_other(lab_hosts, capsys):
+    top = max((h for h in lab.existing_hosts() if h.site == SITE and "kafka_id" in h.variables),
+              key=lambda h: int(h.variables["kafka_id"]))
+    if set(top.variables) - {"swarm_role", "kafka_id"}:
+        run_lab("add-broker", SITE)           # the lab retires only a node that runs nothing but its broker
+    hosts = lab.existing_hosts()
+    manager = lab.site_managers(hosts)[SITE]
+    brokers_before = lab.role_ids(hosts, SITE, "kafka")
+    retired, staying = brokers_before[-1], brokers_before[:-1]
+    stateful = STATEFUL + tuple(f"kafka-{b}" for b in staying)
+    tasks_before = running_tasks(manager, stateful)
+
+    started = time.monotonic()
+    sensors = publishing_while(manager, SITE, "retire", lambda: run_lab("retire-broker", SITE))
+    with capsys.disabled():
+        print(f"\nretiring broker {retired} of {SITE} (kafka_retire=true and site.yml, then its host out and "
+              f"site.yml) took {time.monotonic() - started:.0f}s; {len(sensors)} batches of {BATCH} published")
+
+    hosts = lab.existing_hosts()
+    assert retired not in lab.role_ids(hosts, SITE, "kafka")
+    assert running_tasks(manager, stateful) == tasks_before, "a running stateful service was restarted"
+    services = lab.host_exec(manager, "docker", "service", "ls", "--format", "{{.Name}}").stdout.split()
+    assert f"{SITE}_kafka-{retired}" not in services and f"{SITE}_kafka-{staying[-1]}" in services
+    metadata = assert_spread(manager, staying)
+    assert sorted(metadata.brokers) == staying, "the retired broker is no longer registered"
     assert_counted(manager, SITE, sensors)

@@ -4,11 +4,11 @@ Each lab "host" is a container running sshd and its own dockerd (one Swarm node 
 an inventory, runs the same `ansible-playbook site.yml` an operator runs, registers the simulated fleet, starts
 simulated devices at every site and prints a status table. Its random secrets live until `down` (secret(name)).
 
-  scripts/lab up | down             hosts, site.yml, devices, status | remove everything the lab made
-  scripts/lab status                the status table again (ansible/status.yml against the lab)
+  scripts/lab up | down | status    hosts, site.yml, devices, status | remove everything | the status table again
   scripts/lab add-site site-c       one more edge site: a host, an inventory group, site.yml on it and the datacenter
   scripts/lab add-broker site-b     one more node with a Kafka broker at a site; replicas move onto it
   scripts/lab add-cassandra site-b  one more node with a Cassandra node at a site; it bootstraps and repairs
+  scripts/lab retire-broker site-a  the highest broker hands its replicas over (site.yml), then its host leaves
   scripts/lab remove-site site-b [--purge]   the site out of the inventory, ansible/remove_site.yml, hosts removed
   scripts/lab playbook [ARGS]       rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose              services per site; tasks and logs of those not fully running
@@ -745,6 +745,41 @@ def remove_site(hosts: list[LabHost], site: str, purge: bool) -> None:
                f"in {time.monotonic() - started:.0f}s")
 
 
+def retire_broker(hosts: list[LabHost], site: str) -> None:
+    """What an operator does to take a broker away (docs/operations.md, "Removing a Kafka broker from a site"):
+    kafka_retire=true on the highest kafka_id and site.yml, which moves its replicas to the other brokers;
+    then its host out of the inventory and site.yml again; then the machine leaves the Swarm and goes. Only
+    a node that runs nothing but Kafka (one `add-broker` made): lab hosts keep their variables in labels."""
+    brokers = [h for h in hosts if h.site == site and "kafka_id" in h.variables]
+    if len(brokers) < 2:
+        raise SystemExit(f"lab: {site} has {len(brokers)} broker(s); `scripts/lab add-broker {site}` first")
+    host = max(brokers, key=lambda h: int(h.variables["kafka_id"]))
+    if set(host.variables) - {"swarm_role", "kafka_id"}:
+        raise SystemExit(f"lab: {host.name} runs more than its broker ({host.variables}); the lab retires only "
+                         f"a node `scripts/lab add-broker {site}` made")
+    started = time.monotonic()
+    broker = f"kafka-{host.variables['kafka_id']}"
+    log("lab", f"retiring {broker} of {site}: kafka_retire=true on {host.name}, site.yml moves its replicas")
+    retiring = [LabHost(h.name, h.group, {**h.variables, "kafka_retire": True}) if h == host else h for h in hosts]
+    playbook(write_inventory(retiring), "--limit", f"datacenter,{host.group}")
+    moved = time.monotonic()
+    log("lab", f"{broker}'s replicas moved in {moved - started:.0f}s; {host.name} leaves the inventory")
+    remaining = [h for h in hosts if h != host]
+    playbook(write_inventory(remaining), "--limit", f"datacenter,{host.group}")
+    host_exec(host, "docker", "swarm", "leave", "--force", check=False)
+    manager = site_managers(remaining)[site]
+    wait_s = 120
+    deadline = time.monotonic() + wait_s
+    while host_exec(manager, "docker", "node", "rm", "--force", host.name, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"lab: {host.name} is still a node of {site}'s Swarm after {wait_s}s")
+        time.sleep(5)
+    run("docker", "rm", "-f", host.container)
+    run("docker", "volume", "rm", "-f", f"{host.container}-docker", check=False)
+    log("lab", f"{broker} retired from {site} in {time.monotonic() - started:.0f}s "
+               f"(replicas moved {moved - started:.0f}s, host out {time.monotonic() - moved:.0f}s)")
+
+
 def down() -> None:
     containers = run("docker", "ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
     volumes = [v for c in existing_hosts() for v in [f"{c.container}-docker"]]
@@ -783,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   "flow; its relayed data kept unless --purge")
     remove_p.add_argument("site", help="site alias, e.g. site-b")
     remove_p.add_argument("--purge", action="store_true", help="delete the site's topics and rows at the datacenter")
+    retire_p = sub.add_parser("retire-broker", help="the site's highest broker hands its replicas to the others, "
+                                                    "then its node leaves (two site.yml runs)")
+    retire_p.add_argument("site", help="site alias, e.g. site-a")
     sub.add_parser("status", help="print the status table")
     sub.add_parser("diagnose", help="every site's services; tasks and last log lines of those not running")
     sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
@@ -839,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
         print_status(hosts, check=False)
     elif args.command == "remove-site":
         remove_site(hosts, args.site, args.purge)
+    elif args.command == "retire-broker":
+        retire_broker(hosts, args.site)
     elif args.command == "playbook":
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":
