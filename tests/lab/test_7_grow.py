@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, ResourceType
 
 from tests.lab.conftest import run_lab
 from tests.lab.test_2_end_to_end import RUN, publish, rows, wait_for
@@ -74,6 +74,21 @@ def assert_counted(manager: lab.LabHost, site: str, sensors: list[tuple[str, int
         assert wait_for(f"{BATCH} rows of {sensor} in {site}'s Cassandra", counted, timeout=600) == BATCH
 
 
+def assert_spread(manager: lab.LabHost, brokers: list[int]) -> ClusterMetadata:
+    """Every partition of the site on min(brokers, 3) of `brokers`, all in sync; the cluster's metadata."""
+    replication = min(len(brokers), 3)
+    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(manager)}:9094"))
+    metadata = admin.list_topics(timeout=30)
+    wrong = {(name, p): (list(part.replicas), list(part.isrs))
+             for name, topic in metadata.topics.items() for p, part in topic.partitions.items()
+             if len(set(part.replicas)) != replication or not set(part.replicas) <= set(brokers)
+             or set(part.isrs) != set(part.replicas)}
+    assert not wrong, wrong
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
+    assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
+    return metadata
+
+
 @pytest.mark.timeout(2700)
 def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(lab_hosts, capsys):
     manager = lab.site_managers(lab_hosts)[SITE]
@@ -94,38 +109,13 @@ def test_a_new_broker_takes_a_replica_of_every_partition_and_restarts_no_other(l
     assert running_tasks(manager, stateful) == tasks_before, "a running stateful service was restarted"
     assert running_tasks(manager, (f"kafka-{new_broker}",))[f"kafka-{new_broker}"], "the new broker runs"
 
-    brokers = brokers_before + [new_broker]
-    replication = min(len(brokers), 3)
-    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(manager)}:9094"))
-    topics = admin.list_topics(timeout=30).topics
+    topics = assert_spread(manager, brokers_before + [new_broker]).topics
     assert {"__consumer_offsets", "__transaction_state", "temperature-data"} <= set(topics)
-    wrong = {(name, p): (list(part.replicas), list(part.isrs))
-             for name, topic in topics.items() for p, part in topic.partitions.items()
-             if len(set(part.replicas)) != replication or not set(part.replicas) <= set(brokers)
-             or set(part.isrs) != set(part.replicas)}
-    assert not wrong, wrong
     on_new = {name for name, topic in topics.items()
               if any(new_broker in part.replicas for part in topic.partitions.values())}
     assert {"__consumer_offsets", "temperature-data"} <= on_new
-    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
-    assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
 
     assert_counted(manager, SITE, sensors)
-
-
-def assert_spread(manager: lab.LabHost, brokers: list[int]) -> dict:
-    """Every partition of the site on min(brokers, 3) of `brokers`, all in sync; the site's topics."""
-    replication = min(len(brokers), 3)
-    admin = AdminClient(lab.kafka_client(f"{lab.host_ip(manager)}:9094"))
-    metadata = admin.list_topics(timeout=30)
-    wrong = {(name, p): (list(part.replicas), list(part.isrs))
-             for name, topic in metadata.topics.items() for p, part in topic.partitions.items()
-             if len(set(part.replicas)) != replication or not set(part.replicas) <= set(brokers)
-             or set(part.isrs) != set(part.replicas)}
-    assert not wrong, wrong
-    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "temperature-data")]).values()
-    assert future.result(timeout=60)["min.insync.replicas"].value == str(max(replication - 1, 1))
-    return metadata
 
 
 @pytest.mark.timeout(3600)
