@@ -167,6 +167,8 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
             assert service["deploy"]["placement"]["constraints"] == [f"node.labels.iot.{role} == {n}"]
             assert service["volumes"][0].startswith(f"{role}-{n}-data:")
             assert f"{role}-{n}-data" in stack["volumes"]
+            # Not killed while it starts, however long a crash's recovery takes (STATEFUL_START_PERIOD).
+            assert service["healthcheck"]["start_period"] == "1800s"
     kafka = services["kafka-2"]["environment"]
     assert kafka["KAFKA_ADVERTISED_LISTENERS"] == \
         "INTERNAL://kafka-2:9092,BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094"
