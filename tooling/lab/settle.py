@@ -37,8 +37,10 @@ class Settled:
     steady: bool = False  # ended because the load stopped falling, not because it was calm
 
     def describe(self) -> str:
-        state = ("steady (busy, no longer falling)" if self.steady else "calm") if self.calm \
-            else "still busy at the limit; the tests go on"
+        if not self.calm:
+            state = "still busy at the limit; the tests go on"
+        else:
+            state = "steady (busy, no longer falling)" if self.steady else "calm"
         return f"lab load {self.load:.1f} on {self.cores} cores after {self.waited_s:.0f} s of waiting: {state}"
 
 
