@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tooling.lab import lab, settle
+from tooling.lab import cpu, lab, settle
 
 REPO = lab.pins.REPO_ROOT
 # testinfra's ansible backend calls ansible-inventory/ansible from PATH.
@@ -48,6 +48,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 STEPS: list[tuple[str, float, int]] = []     # (scripts/lab command, seconds, exit status), for the summary
+CPU_TABLES: list[str] = []                    # where the lab's CPU went at the end of the warm-up wait
 
 
 def run_lab(*args: str, timeout: float = LAB_UP_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -66,6 +67,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("lab steps")
         for step, seconds, code in STEPS:
             terminalreporter.write_line(f"{seconds:7.0f}s  {step}" + (f"  (exit {code})" if code else ""))
+    for text in CPU_TABLES:
+        terminalreporter.section("lab CPU")
+        terminalreporter.write_line(text)
     for diagnosis in DIAGNOSES:
         terminalreporter.section("lab diagnosis")
         terminalreporter.write_line(diagnosis)
@@ -91,8 +95,20 @@ def print_diagnosis(why: str) -> None:
 
 
 def settle_lab() -> None:
-    """Wait (at most 10 minutes) for the lab's JVMs to warm up before the first test: tooling/lab/settle.py."""
-    result = settle.wait_until_calm()
+    """Wait (at most 10 minutes) for the lab's JVMs to warm up before the first test (tooling/lab/settle.py), and
+    say where the lab's CPU went in the wait's last minute (tooling/lab/cpu.py)."""
+    last_minute = cpu.LastMinute(cpu.containers(lab.existing_hosts()))
+
+    def load() -> float:
+        last_minute.take()
+        return os.getloadavg()[0]
+
+    result = settle.wait_until_calm(load=load)
+    last_minute.take()
+    text = last_minute.table()
+    if text:
+        CPU_TABLES.append(text)
+        print(f"[lab] {text}", file=sys.stderr, flush=True)
     STEPS.append(("wait for the lab to warm up (" + result.describe() + ")", result.waited_s, 0))
     print(f"[lab] {result.describe()}", file=sys.stderr, flush=True)
 

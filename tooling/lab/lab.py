@@ -822,6 +822,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     "then its node leaves (two site.yml runs)")
     retire_p.add_argument("site", help="site alias, e.g. site-a")
     sub.add_parser("status", help="print the status table")
+    cpu_p = sub.add_parser("cpu", help="each service's cores over a window, from cgroup counters (busiest first)")
+    cpu_p.add_argument("--window", type=float, default=60.0, help="seconds to measure over (default 60)")
     sub.add_parser("diagnose", help="every site's services; tasks and last log lines of those not running")
     sub.add_parser("playbook", help="run site.yml against the lab again; further arguments go to ansible-playbook")
     sub.add_parser("down", help="remove every container, volume and network the lab made")
@@ -883,6 +885,11 @@ def main(argv: list[str] | None = None) -> int:
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":
         print_status(hosts)
+    elif args.command == "cpu":
+        from tooling.lab import cpu
+        if args.window <= 0:
+            parser.error("--window must be a positive number of seconds")
+        print(cpu.measure(hosts, args.window))
     elif args.command == "diagnose":
         print(diagnose(hosts))
     elif args.command == "inventory":
