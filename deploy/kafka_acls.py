@@ -29,9 +29,10 @@ def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
 def service_acls(services: list, relayed_from: list | None = None) -> list[dict]:
     """The ACLs of a site's own Kafka clients on INTERNAL (iot-kafka-access --acls), one principal per
     service. Each entry of `services` (templates/kafka-services.yml.j2) names its `user` and what it
-    does: `reads` and `writes` (topics), `groups` (consumer groups it commits in) and `group_prefixes`
-    (the Spark jobs' generated groups); MirrorMaker's also `owns` (topics, groups and transactional
-    ids it creates and runs under, by prefix) and `cluster` (operations on the cluster). At the
+    does: `reads` and `writes` (topics), `groups` (consumer groups it commits in), `group_prefixes`
+    (the Spark jobs' generated groups) and `group_lookups` (group ids of readers that never join or commit,
+    whose coordinator librdkafka still looks up: DESCRIBE only); MirrorMaker's also `owns` (topics, groups and
+    transactional ids it creates and runs under, by prefix) and `cluster` (operations on the cluster). At the
     datacenter (`relayed_from`: the edge sites' aliases) every topic in `reads` is a relayed one,
     read as "<site>.<topic>" for each site. READ, WRITE and ALL imply DESCRIBE (Kafka's rule)."""
     acls = []
@@ -55,6 +56,8 @@ def service_acls(services: list, relayed_from: list | None = None) -> list[dict]
             allow(user, "group", group, "literal", "READ")
         for prefix in service.get("group_prefixes", []):
             allow(user, "group", prefix, "prefixed", "READ")
+        for prefix in service.get("group_lookups", []):
+            allow(user, "group", prefix, "prefixed", "DESCRIBE")
         for owned in service.get("owns", []):
             allow(user, owned["resource"], owned["name"], owned.get("pattern", "prefixed"), "ALL")
         for operation in service.get("cluster", []):

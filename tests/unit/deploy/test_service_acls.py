@@ -26,8 +26,9 @@ def test_edge_services_may_do_what_they_do_and_nothing_else():
     assert _granted(acls, "bridge") == {
         ("topic", "temperature-data", "literal", "WRITE"), ("topic", "dead-letter", "literal", "WRITE"),
         ("topic", "device-commands", "literal", "READ"), ("topic", "sensor-registration", "literal", "READ"),
-        ("group", "site-a-bridge-commands", "literal", "READ")}
-    assert _granted(acls, "mosquitto-agent") == {("topic", "device-credentials", "literal", "READ")}
+        ("group", "site-a-bridge-commands", "literal", "READ"), ("group", "bridge-", "prefixed", "DESCRIBE")}
+    assert _granted(acls, "mosquitto-agent") == {("topic", "device-credentials", "literal", "READ"),
+                                                 ("group", "mosquitto-agent-", "prefixed", "DESCRIBE")}
     assert _granted(acls, "adapter") == {
         *(("topic", t, "literal", "READ") for t in ("temperature-data", "temperature-threshold-events",
                                                      "temperature-rollups-1m", "device-registration",
@@ -73,6 +74,23 @@ def test_relaying_readings_lets_the_datacenter_adapter_read_them():
     acls = service_acls(_services("datacenter", "datacenter", stack_relay_topics=relay), EDGE_ALIASES)
     assert {name for kind, name, _, op in _granted(acls, "adapter") if kind == "topic" and op == "READ"} == {
         f"{site}.{t}" for site in EDGE_ALIASES for t in relay}
+
+
+def test_the_group_ids_of_readers_that_never_join_are_ones_their_principal_may_look_up():
+    # librdkafka looks up the coordinator of a consumer's group.id even if it only assigns partitions; without
+    # DESCRIBE the broker denied it every second and logged each denial (found in the lab's Kafka logs).
+    import re
+
+    edge = (REPO / "ansible/roles/stack/templates/stack-edge.yml.j2").read_text()
+    owners = (REPO / "services/bridge/owners.py").read_text()
+    agent = (REPO / "services/mosquitto_agent/app.py").read_text()
+    assert 'BRIDGE_CLIENT_ID: "{% raw %}bridge-{{.Task.Slot}}' in edge
+    assert 'MOSQUITTO_AGENT_CLIENT_ID: "{% raw %}mosquitto-agent-{{.Task.Slot}}' in edge
+    assert re.search(r'"group.id": f"\{client_id\}-sensor-owners"', owners)
+    assert re.search(r'"group.id": f"\{s.client_id\}-no-commits"', agent)
+    acls = service_acls(_services("site_a", "edge"))
+    looked_up = {(a["principal"], a["name"]) for a in acls if a["operation"] == "DESCRIBE"}
+    assert looked_up == {("User:bridge", "bridge-"), ("User:mosquitto-agent", "mosquitto-agent-")}
 
 
 def test_every_acl_is_one_iot_kafka_access_accepts():
