@@ -709,3 +709,28 @@ def test_a_command_dead_letter_kafka_refuses_for_good_is_dropped_and_its_offset_
     b._produce_dead_letter(record, lambda: done.append(True))
     b.fake_producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
     assert done == [True] and len(b.fake_producer.produced) == 1
+
+
+@pytest.mark.parametrize("linger_ms, wait_s", [(5, 0.005), (20, 0.02), (0, 0.001)])
+def test_with_readings_in_flight_the_loop_waits_the_producers_linger_not_a_millisecond(monkeypatch, linger_ms,
+                                                                                       wait_s):
+    # Waiting 1 ms for delivery reports made a bridge at 20 readings/s turn about 500 times a second.
+    from services.bridge import app
+    from services.common.observability import StopFlag
+    s = bridge_settings.BridgeSettings(commands_topic=None, sensor_owners_topic=None, metrics_port=0,
+                                       kafka_linger_ms=linger_ms)
+    stop = StopFlag()
+    b = app.Bridge(s, Mapping.from_dicts(DEFAULT_RULES), stop, producer=_Producer())
+    monkeypatch.setattr(b.client, "ack", lambda mid: None)
+    b.connected = True
+    waits: list[float] = []
+
+    def one_turn(read, timeout):
+        waits.append(timeout)
+        stop.set()
+
+    monkeypatch.setattr(b, "_io", one_turn)
+    monkeypatch.setattr(b, "_stopped", lambda until: True)
+    b._on_message(TOPIC, GOOD, 11, 1, None)           # produced, its delivery report still to come
+    b.run()
+    assert waits[0] == wait_s
