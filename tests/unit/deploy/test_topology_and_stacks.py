@@ -374,3 +374,41 @@ def test_registry_htpasswd_is_bcrypt_stable_and_checks_the_password():
     assert bcrypt.checkpw(b"the-registry-password", hashed.encode())
     assert not bcrypt.checkpw(b"another-password", hashed.encode())
     assert hashed != registry_htpasswd("iot", "the-registry-password", "o" * 43).split(":", 1)[1].strip()
+
+
+def test_the_python_services_healthcheck_is_healthy_on_200_only_without_starting_python(example):
+    # The rendered test, as Swarm runs it (`$$` is docker stack deploy's escape of `$`), against an HTTP server
+    # on the port it names: 200 is healthy; 503 (what /healthz answers while unhealthy) and no server are not.
+    import http.server
+    import subprocess
+    import threading
+
+    hostvars, groups = example
+    services = _services(render("edge", site_topology(hostvars, groups["site_a"], "site-a", "edge")))
+    tests = {name: services[name]["healthcheck"]["test"] for name in ("bridge", "cassandra-adapter", "mosquitto-agent")}
+    assert {test[1] for test in tests.values()} == {"bash"}
+    status = [200]
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            self.send_response(status[0] if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name, test in tests.items():
+            port = test[3].split("/dev/tcp/127.0.0.1/")[1].split(" ")[0]
+            assert port in ("9102", "9103"), name
+            command = test[3].replace("$$", "$").replace(f"/127.0.0.1/{port} ", f"/127.0.0.1/{server.server_port} ")
+            runs = {}
+            for status[0] in (200, 503):
+                runs[status[0]] = subprocess.run(["bash", "-c", command], timeout=10).returncode
+            assert runs[200] == 0 and runs[503] != 0, (name, runs)
+    finally:
+        server.shutdown()
+    closed = tests["bridge"][3].replace("$$", "$").replace("/127.0.0.1/9102 ", "/127.0.0.1/1 ")
+    assert subprocess.run(["bash", "-c", closed], capture_output=True, timeout=10).returncode != 0
