@@ -9,15 +9,25 @@ warm-up wait (tests/lab/conftest.py).
 """
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tooling.bench import cgroup
-from tooling.lab import lab
 
 SWARM_SERVICE = "com.docker.swarm.service.name"
+
+
+class Host(Protocol):      # tooling.lab.lab.LabHost, which imports this module for `scripts/lab cpu`
+    name: str
+    container: str
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60).stdout
 
 
 @dataclass(frozen=True)
@@ -48,15 +58,14 @@ def parse_ps(host: str, text: str) -> list[Container]:
     return found
 
 
-def containers(hosts: list[lab.LabHost]) -> list[Container]:
+def containers(hosts: Iterable[Host]) -> list[Container]:
     """Every lab host's own processes and every container its engine runs."""
     found = []
     for host in hosts:
-        host_id = lab.run("docker", "inspect", "-f", "{{.Id}}", host.container).stdout.strip()
+        host_id = _docker("inspect", "-f", "{{.Id}}", host.container).strip()
         found.append(Container(host.name, f"{host.name} engine", host_id))
-        ps = lab.host_exec(host, "docker", "ps", "--no-trunc", "--format",
-                           "{{.ID}}\t{{.Names}}\t{{.Label \"" + SWARM_SERVICE + "\"}}", check=False)
-        found += parse_ps(host.name, ps.stdout)
+        found += parse_ps(host.name, _docker("exec", host.container, "docker", "ps", "--no-trunc", "--format",
+                                             "{{.ID}}\t{{.Names}}\t{{.Label \"" + SWARM_SERVICE + "\"}}"))
     return found
 
 
@@ -115,7 +124,7 @@ class LastMinute:
         return table(cores(before, after, end - start), end - start)
 
 
-def measure(hosts: list[lab.LabHost], window_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
+def measure(hosts: Iterable[Host], window_s: float, sleep: Callable[[float], None] = time.sleep) -> str:
     found = containers(hosts)
     started = time.monotonic()
     before = sample(found)
