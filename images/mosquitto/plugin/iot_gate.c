@@ -561,7 +561,11 @@ static int device_auth(struct mosquitto_evt_basic_auth *ed)
 	}
 	if(++d->minute_connects > RECONNECTS_PER_MINUTE) offend(d->id, OFF_RECONNECTING);
 	struct session *s = calloc(1, sizeof(*s));
-	if(!s) return MOSQ_ERR_NOMEM;
+	if(!s){                               /* fail closed, and say why: the device only sees a refusal */
+		mosquitto_log_printf(MOSQ_LOG_ERR, "iot_gate: out of memory, login of device %s refused "
+				"(see MosquittoMemoryHigh: memory_limit or the host's memory)", d->id);
+		return MOSQ_ERR_NOMEM;
+	}
 	s->client = ed->client;
 	HASH_ADD_PTR(g.sessions, client, s);
 	if(d->connections > 0) offend(d->id, OFF_DUPLICATE);      /* its login is in use: someone else has it */
