@@ -97,18 +97,30 @@ def print_diagnosis(why: str) -> None:
 def settle_lab() -> None:
     """Wait (at most 10 minutes) for the lab's JVMs to warm up before the first test (tooling/lab/settle.py), and
     say where the lab's CPU went in the wait's last minute (tooling/lab/cpu.py)."""
-    last_minute = cpu.LastMinute(cpu.containers(lab.existing_hosts()))
+    problems: list[str] = []        # the CPU table only informs: a failure to read it never fails the lab tests
+
+    def measuring(step):
+        try:
+            return step()
+        except Exception as err:  # noqa: BLE001 - see above
+            problems.append(f"{type(err).__name__}: {err}")
+            return None
+
+    last_minute = measuring(lambda: cpu.LastMinute(cpu.containers(lab.existing_hosts())))
 
     def load() -> float:
-        last_minute.take()
+        if last_minute is not None and not problems:
+            measuring(last_minute.take)
         return os.getloadavg()[0]
 
     result = settle.wait_until_calm(load=load)
-    last_minute.take()
-    text = last_minute.table()
-    if text:
-        CPU_TABLES.append(text)
-        print(f"[lab] {text}", file=sys.stderr, flush=True)
+    text = None
+    if last_minute is not None and not problems:
+        measuring(last_minute.take)
+        text = measuring(last_minute.table)
+    text = text or f"lab CPU not measured: {problems[0] if problems else 'the wait ended before two samples'}"
+    CPU_TABLES.append(text)
+    print(f"[lab] {text}", file=sys.stderr, flush=True)
     STEPS.append(("wait for the lab to warm up (" + result.describe() + ")", result.waited_s, 0))
     print(f"[lab] {result.describe()}", file=sys.stderr, flush=True)
 

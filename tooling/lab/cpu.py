@@ -39,12 +39,15 @@ class Container:
 
 def cpu_ns(cgroup_id: str, root: Path = cgroup.ROOT) -> int | None:
     """CPU nanoseconds a container used since it started; None if its cgroup is gone (it stopped)."""
-    v1 = root / "cpuacct" / "docker" / cgroup_id / "cpuacct.usage"
-    if v1.exists():
-        return int(v1.read_text())
-    for v2 in (root / "system.slice" / f"docker-{cgroup_id}.scope", root / "docker" / cgroup_id):
-        if (v2 / "cpu.stat").exists():
-            return cgroup.stat_value((v2 / "cpu.stat").read_text(), "usage_usec") * 1000
+    try:
+        v1 = root / "cpuacct" / "docker" / cgroup_id / "cpuacct.usage"
+        if v1.exists():
+            return int(v1.read_text())
+        for v2 in (root / "system.slice" / f"docker-{cgroup_id}.scope", root / "docker" / cgroup_id):
+            if (v2 / "cpu.stat").exists():
+                return cgroup.stat_value((v2 / "cpu.stat").read_text(), "usage_usec") * 1000
+    except OSError:         # removed between the look and the read: the container stopped
+        pass
     return None
 
 
@@ -130,4 +133,5 @@ def measure(hosts: Iterable[Host], window_s: float, sleep: Callable[[float], Non
     before = sample(found)
     sleep(window_s)
     after = sample(found)
-    return table(cores(before, after, time.monotonic() - started), window_s)
+    elapsed = time.monotonic() - started
+    return table(cores(before, after, elapsed), elapsed)
