@@ -41,18 +41,25 @@ class Counters:
     memory_bytes: int    # memory in use less the page cache the kernel may drop (as `docker stats` shows it)
 
 
+def cpu_ns_in(group: Path) -> int:
+    """CPU nanoseconds of one cgroup directory: cpuacct.usage (v1) or cpu.stat's usage_usec (v2)."""
+    if (group / "cpuacct.usage").exists():
+        return int((group / "cpuacct.usage").read_text())
+    return stat_value((group / "cpu.stat").read_text(), "usage_usec") * 1000
+
+
 def read(pid: int, root: Path = ROOT) -> Counters:
     """The counters of the cgroup process `pid` is in."""
     paths = cgroup_paths(Path(f"/proc/{pid}/cgroup").read_text())
     if "cpuacct" in paths:                              # cgroup v1
         cpu_dir = next(d for d in (root / "cpuacct", root / "cpu,cpuacct") if d.exists())
-        cpu_ns = int((cpu_dir / paths["cpuacct"].lstrip("/") / "cpuacct.usage").read_text())
+        cpu_ns = cpu_ns_in(cpu_dir / paths["cpuacct"].lstrip("/"))
         memory = root / "memory" / paths["memory"].lstrip("/")
         used = int((memory / "memory.usage_in_bytes").read_text())
         inactive = stat_value((memory / "memory.stat").read_text(), "total_inactive_file")
     else:                                               # cgroup v2
         group = root / paths[""].lstrip("/")
-        cpu_ns = stat_value((group / "cpu.stat").read_text(), "usage_usec") * 1000
+        cpu_ns = cpu_ns_in(group)
         used = int((group / "memory.current").read_text())
         inactive = stat_value((group / "memory.stat").read_text(), "inactive_file")
     return Counters(cpu_ns, max(used - inactive, 0))

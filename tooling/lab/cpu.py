@@ -39,15 +39,12 @@ class Container:
 
 def cpu_ns(cgroup_id: str, root: Path = cgroup.ROOT) -> int | None:
     """CPU nanoseconds a container used since it started; None if its cgroup is gone (it stopped)."""
-    try:
-        v1 = root / "cpuacct" / "docker" / cgroup_id / "cpuacct.usage"
-        if v1.exists():
-            return int(v1.read_text())
-        for v2 in (root / "system.slice" / f"docker-{cgroup_id}.scope", root / "docker" / cgroup_id):
-            if (v2 / "cpu.stat").exists():
-                return cgroup.stat_value((v2 / "cpu.stat").read_text(), "usage_usec") * 1000
-    except OSError:         # removed between the look and the read: the container stopped
-        pass
+    for group in (root / "cpuacct" / "docker" / cgroup_id,                  # v1, cgroupfs driver
+                  root / "system.slice" / f"docker-{cgroup_id}.scope", root / "docker" / cgroup_id):   # v2
+        try:
+            return cgroup.cpu_ns_in(group)
+        except OSError:     # not this layout, or removed between the look and the read: the container stopped
+            continue
     return None
 
 
