@@ -4,9 +4,10 @@ A site's ZooKeeper, Kafka and Cassandra nodes are separate Swarm services, so on
 changed file would restart them all at once. The stack role deploys it in stages computed here:
 
   stage 0     the new file, every changed stateful service on its deployed definition;
-  opening     a node gaining a TLS listener that others will need rolls to its new definition serving both
-              ways, one per stage (_opening): a broker opens BROKER with replication still on INTERNAL, a
-              Cassandra node takes CQL over TLS and in clear; CQL clients gaining TLS wait for all of these;
+  opening     a node gaining a TLS listener that others will need serves both ways, one per stage: a broker
+              opens BROKER, replicating on INTERNAL; a Cassandra node takes CQL over TLS and clear, and TLS
+              from its peers, sending clear (_serving_both); CQL clients gaining TLS wait for all of these;
+  sending     then each Cassandra node gaining TLS between nodes sends it, still taking clear;
   stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
 
 Between stages the role waits for its health gates. A kept definition whose configs or secrets changed since
@@ -25,8 +26,10 @@ STATEFUL = re.compile(r"^(zookeeper|kafka|cassandra)-(\d+)$")
 KIND_ORDER = ("zookeeper", "kafka", "cassandra")
 DEPLOYED_SUFFIX = "__deployed"
 TLS_KEYSTORE = "CASSANDRA_TLS_KEYSTORE_FILE"        # a Cassandra node with CQL over TLS
+INTERNODE_TLS = "CASSANDRA_INTERNODE_TLS"           # and between nodes: required, sending or accepting
 CQL_CA = "ADAPTER_CASSANDRA_CA_FILE"                # a CQL client checking nodes against the Cassandra CA
 OPENED = {"kafka": "BROKER opened", "cassandra": "CQL over TLS opened"}
+INTERNODE_OPENED, INTERNODE_SENT = "inter-node TLS accepted", "inter-node TLS sent"
 
 
 def _load(text: object, what: str) -> dict:
@@ -97,25 +100,54 @@ def _environment(service: dict) -> dict:
     return env
 
 
-def _opens(name: str, deployed_service: dict, new_service: dict) -> bool:
+def _env(service: dict, key: str) -> str:
+    return str(_environment(service).get(key, ""))
+
+
+def _gains_cql_tls(deployed_service: dict, new_service: dict) -> bool:
+    return not _env(deployed_service, TLS_KEYSTORE) and bool(_env(new_service, TLS_KEYSTORE))
+
+
+def _internode_tls(service: dict) -> str:
+    """A Cassandra node's TLS between nodes. The stack names it with the keystore; a definition with the keystore
+    and without the setting was deployed before inter-node TLS existed, and its image sends and takes clear."""
+    return (_env(service, INTERNODE_TLS) or "off") if _env(service, TLS_KEYSTORE) else "off"
+
+
+def _gains_internode_tls(name: str, deployed: dict, new: dict) -> bool:
+    """A Cassandra node that will refuse clear from its peers, and has peers: they must all take TLS, then all
+    send it, before the first refuses clear (a node alone in its ring restarts once)."""
+    old_services = deployed.get("services") or {}
+    peers = [other for other in old_services if other != name and other.startswith("cassandra-")
+             and STATEFUL.match(other)]
+    return (name.startswith("cassandra-") and bool(peers) and _internode_tls(old_services[name]) != "required"
+            and _internode_tls(new["services"][name]) == "required")
+
+
+def _opens(name: str, deployed: dict, new: dict) -> bool:
     """A node gaining a TLS listener its peers or clients will need: a broker's BROKER, a Cassandra node's CQL
-    over TLS."""
-    def env(service: dict, key: str) -> str:
-        return str(_environment(service).get(key, ""))
+    over TLS or its TLS between nodes."""
+    deployed_service, new_service = deployed["services"][name], new["services"][name]
     if name.startswith("kafka-"):
-        return ("BROKER://" not in env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
-                and "BROKER://" in env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
+        return ("BROKER://" not in _env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
+                and "BROKER://" in _env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
     if name.startswith("cassandra-"):
-        return not env(deployed_service, TLS_KEYSTORE) and bool(env(new_service, TLS_KEYSTORE))
+        return _gains_cql_tls(deployed_service, new_service) or _gains_internode_tls(name, deployed, new)
     return False
 
 
-def _opening(name: str, service: dict) -> dict:
-    """The new definition of an opening node as it serves both ways: a broker with BROKER open but replication
-    still on INTERNAL; a Cassandra node taking CQL over TLS and in clear."""
+def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
+    """The new definition of an opening or sending node: a broker with BROKER open but replication still on
+    INTERNAL; a Cassandra node taking CQL over TLS and in clear (when it gains CQL over TLS), and between nodes
+    `internode` (when it gains TLS there)."""
+    service = new["services"][name]
     opened = copy.deepcopy(service)
-    both = ({"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if name.startswith("kafka-")
-            else {"CASSANDRA_CLIENT_TLS": "optional"})
+    if name.startswith("kafka-"):
+        both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"}
+    else:
+        both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
+        if _gains_internode_tls(name, deployed, new):
+            both[INTERNODE_TLS] = internode
     opened["environment"] = {**_environment(service), **both}
     return opened
 
@@ -132,7 +164,8 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, node, text, cassandra_tls}, ...].
 
     The first stage's service is '' (only stateless changes); each further stage rolls `node` (a service of
-    the stack file; `service` names it for people, "cassandra-1 (CQL over TLS opened)");
+    the stack file; `service` names it for people, "cassandra-1 (CQL over TLS opened)", "cassandra-1 (inter-node
+    TLS sent)");
     `cassandra_tls` is false while a Cassandra node of the stage may still take CQL in clear only (the health
     role's probes then use CQL in clear). Empty when nothing stateful changed, or nothing was deployed before
     (a first deploy has nothing to roll)."""
@@ -143,15 +176,22 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     order = changed_stateful(deployed, new, leader)
     if not order:
         return []
-    opening = [name for name in order if _opens(name, deployed["services"][name], new["services"][name])]
-    cql_clients = _cql_clients_gaining_tls(deployed, new) if any(n.startswith("cassandra-") for n in opening) else []
+    opening = [name for name in order if _opens(name, deployed, new)]
+    sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
+    gaining_cql = [name for name in opening if name.startswith("cassandra-")
+                   and _gains_cql_tls(deployed["services"][name], new["services"][name])]
+    cql_clients = _cql_clients_gaining_tls(deployed, new) if gaining_cql else []
 
-    def stage_text(rolled: list[str], opened: list[str], clients_new: bool) -> str:
+    def stage_text(rolled: list[str], opened: list[str], sent: list[str], clients_new: bool) -> str:
         stage = copy.deepcopy(new)
         for name in order:
-            if name in opened and name not in rolled:
-                stage["services"][name] = _opening(name, new["services"][name])
-            elif name not in rolled:
+            if name in rolled:
+                continue
+            if name in sent:
+                stage["services"][name] = _serving_both(name, deployed, new, "sending")
+            elif name in opened:
+                stage["services"][name] = _serving_both(name, deployed, new, "accepting")
+            else:
                 stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
         if not clients_new:
             for name in cql_clients:
@@ -161,12 +201,19 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
                 stage.setdefault(kind, {}).setdefault(key, value)
         return yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)
 
-    cql_in_clear = any(name.startswith("cassandra-") for name in opening)
-    stages = [{"service": "", "node": "", "text": stage_text([], [], False), "cassandra_tls": not cql_in_clear}]
-    stages += [{"service": f"{name} ({OPENED[STATEFUL.match(name).group(1)]})", "node": name,
-                "text": stage_text([], opening[:i + 1], False), "cassandra_tls": not cql_in_clear}
+    def opened_label(name: str) -> str:
+        kind = STATEFUL.match(name).group(1)
+        return OPENED[kind] if kind == "kafka" or name in gaining_cql else INTERNODE_OPENED
+
+    cql_tls = not gaining_cql
+    stages = [{"service": "", "node": "", "text": stage_text([], [], [], False), "cassandra_tls": cql_tls}]
+    stages += [{"service": f"{name} ({opened_label(name)})", "node": name,
+                "text": stage_text([], opening[:i + 1], [], False), "cassandra_tls": cql_tls}
                for i, name in enumerate(opening)]
-    stages += [{"service": name, "node": name, "text": stage_text(order[:i + 1], opening, True),
+    stages += [{"service": f"{name} ({INTERNODE_SENT})", "node": name,
+                "text": stage_text([], opening, sending[:i + 1], False), "cassandra_tls": cql_tls}
+               for i, name in enumerate(sending)]
+    stages += [{"service": name, "node": name, "text": stage_text(order[:i + 1], opening, sending, True),
                 "cassandra_tls": True} for i, name in enumerate(order)]
     return stages
 

@@ -8,6 +8,10 @@ its seed list and it bootstraps; its cassandra-auth-setup then raises system_aut
 adapter's keyspace from 1 to 2 replicas (the nodes it sees) and repairs both. The proof
 that the rows written before the join are on the new node: with cassandra-1 out of
 gossip and CQL, every row and the adapter's login are served by cassandra-2 alone.
+
+Both nodes run as at a site, with CQL over TLS and mutual TLS between them (issue 30), each with a
+certificate of one Cassandra CA: the join, the repair and the reads below all cross that link, and every
+link either node opened is encrypted; a peer in clear, or one without a certificate, is cut off.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import WhiteListRoundRobinPolicy
 from cassandra.query import BatchStatement
 
-from tooling.testbed.cassandra_node import login_secrets
+from services.common.cql_tls import cql_tls_context
+from tooling.testbed import certs
+from tooling.testbed.cassandra_node import TLS_DIR, login_secrets, make_tls_dir
 from tooling.testbed.docker_lab import free_port, wait_until
 
 DC = "site-a"
@@ -26,6 +32,9 @@ SUPERUSER_PASSWORD = "join-superuser-secret"
 ADAPTER_ROLE = "iot_adapter"
 ADAPTER_PASSWORD = "join-adapter-secret"
 ROWS = 2000
+CA = certs.ca("iot-stack test cassandra CA of the join")
+TLS = {name: make_tls_dir(name, CA) for name in ("cassandra-1", "cassandra-2")}
+CA_FILE = str(TLS["cassandra-1"] / "ca.pem")
 
 
 def _start(lab, secrets, name: str, fast: bool) -> int:
@@ -42,7 +51,11 @@ def _start(lab, secrets, name: str, fast: bool) -> int:
         "CASSANDRA_ADAPTER_ROLE": ADAPTER_ROLE,
         "CASSANDRA_ADAPTER_PASSWORD_FILE": "/run/secrets/cassandra_adapter_password",
         "CASSANDRA_FAST_START": "1" if fast else "0",
-    }, ports={port: 9042}, volumes={str(secrets): "/run/secrets:ro"}, memory="1536m")
+        "CASSANDRA_TLS_KEYSTORE_FILE": f"{TLS_DIR}/keystore.pem",
+        "CASSANDRA_TLS_CA_FILE": f"{TLS_DIR}/ca.pem",
+        "CASSANDRA_INTERNODE_TLS": "required",
+    }, ports={port: 9042}, volumes={str(secrets): "/run/secrets:ro", str(TLS[name]): f"{TLS_DIR}:ro"},
+        memory="1536m")
     return port
 
 
@@ -52,7 +65,7 @@ def _session(port: int, user: str, password: str, consistency=ConsistencyLevel.L
                                consistency_level=consistency, request_timeout=30)
     cluster = Cluster(["127.0.0.1"], port=port, protocol_version=5, connect_timeout=10,
                       auth_provider=PlainTextAuthProvider(user, password),
-                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile}, ssl_context=cql_tls_context(CA_FILE))
     return cluster, cluster.connect()
 
 
@@ -100,6 +113,53 @@ def test_the_new_node_bootstraps_instead_of_joining_as_a_seed(lab, joined):
     status = lab.exec("cassandra-2", "nodetool", "status")
     assert status.returncode == 0, status.stderr
     assert sum(line.startswith("UN ") for line in status.stdout.splitlines()) == 2, status.stdout
+
+
+def test_every_link_between_the_nodes_is_mutual_tls(lab, joined):
+    """Cassandra logs each link it opens to a peer with its encryption (OutboundConnection: "... successfully
+    connected, ..., encryption = encrypted(...)" or "unencrypted")."""
+    for name in ("cassandra-1", "cassandra-2"):
+        logs = lab.logs(name, tail=5000)
+        assert "internode_tls=required" in logs
+        links = [line for line in logs.splitlines() if "successfully connected" in line]
+        assert links, f"{name} logged no link to its peer"
+        assert all("encryption = encrypted(" in line for line in links), links
+
+
+# Run inside cassandra-2 (python3 is in the image for cqlsh): what cassandra-1's port 7000 does with a peer in
+# clear (the first five bytes of a handshake: Cassandra's magic number; a node taking clear waits for the
+# rest) and with a TLS client that has no certificate. Prints one word per case.
+PROBE = r"""
+import socket, ssl, sys
+ca = sys.argv[1]
+plain = socket.create_connection(("cassandra-1", 7000), timeout=10)
+plain.sendall(bytes.fromhex("ca552dfa00"))
+try:
+    print("clear:", "cut-off" if plain.recv(1024) == b"" else "answered")
+except socket.timeout:
+    print("clear: waited")
+except ConnectionError:
+    print("clear: cut-off")
+context = ssl.create_default_context(cafile=ca)
+context.check_hostname = False
+try:
+    with context.wrap_socket(socket.create_connection(("cassandra-1", 7000), timeout=10)) as tls:
+        tls.sendall(bytes.fromhex("ca552dfa00000000"))
+        print("no-certificate:", "cut-off" if tls.recv(1024) == b"" else "answered")
+except (ssl.SSLError, ConnectionError) as err:
+    print("no-certificate: refused", type(err).__name__)
+except socket.timeout:
+    print("no-certificate: waited")
+"""
+
+
+def test_a_peer_in_clear_or_without_a_certificate_is_cut_off(lab, joined):
+    result = lab.exec("cassandra-2", "python3", "-c", PROBE, f"{TLS_DIR}/ca.pem", timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert "clear: cut-off" in lines, result.stdout
+    assert any(line.startswith("no-certificate: refused") or line == "no-certificate: cut-off"
+               for line in lines), result.stdout
 
 
 def test_both_keyspaces_are_raised_to_the_nodes_there_are(joined):

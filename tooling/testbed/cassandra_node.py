@@ -56,15 +56,16 @@ def login_secrets(directory: Path, superuser_password: str, adapter_password: st
     return directory
 
 
-def make_tls_dir(name: str) -> Path:
+def make_tls_dir(name: str, ca: tuple | None = None) -> Path:
     """A directory as the pki role's Cassandra CA makes them for node `name`: ca.pem, and keystore.pem (the
-    node's PKCS#8 key, its certificate with SAN DNS:<name>, the CA)."""
+    node's PKCS#8 key, its certificate with SAN DNS:<name>, the CA). `ca` (certs.ca()) for nodes of one ring;
+    a CA of its own by default."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     directory = Path(tempfile.mkdtemp(prefix="cassandra-tls-"))
-    ca = certs.ca("iot-stack test cassandra CA")
+    ca = ca or certs.ca("iot-stack test cassandra CA")
     key, cert = certs.issue(ca, name, (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
                             (x509.DNSName(name),))
     ca_pem = ca[1].public_bytes(Encoding.PEM)

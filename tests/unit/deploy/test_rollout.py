@@ -127,13 +127,27 @@ def nodes_of(count: int) -> list[str]:
     return [f"cassandra-{n}" for n in range(1, count + 1)]
 
 
+def internode(stack: dict, name: str) -> str:
+    """A Cassandra node's TLS between nodes as its entrypoint reads it ('off': an image from before it)."""
+    env = stack["services"][name]["environment"]
+    return env.get("CASSANDRA_INTERNODE_TLS", "off") if "CASSANDRA_TLS_KEYSTORE_FILE" in env else "off"
+
+
+def before_internode_tls(topology) -> dict:
+    """Site-a's stack as deployed before TLS between Cassandra nodes: CQL over TLS, the setting not named."""
+    before = render("edge", topology, ids=image_ids())
+    for name in nodes_of(3):
+        del before["services"][name]["environment"]["CASSANDRA_INTERNODE_TLS"]
+    return before
+
+
 def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology):
     """A site deployed before CQL over TLS (issue 30): a node requiring TLS would refuse the adapter still in
     clear, and an adapter requiring it would reach no node. So every node first takes both, one per stage,
-    while the adapter stays as deployed and the health role probes in clear; then the adapter moves onto TLS
-    and each node in turn refuses CQL in clear."""
-    before = render("edge", topology, ids=image_ids())
-    for name in ("cassandra-1", "cassandra-2", "cassandra-3"):
+    while the adapter stays as deployed and the health role probes in clear; then, between nodes, each sends
+    TLS; then the adapter moves onto TLS and each node in turn refuses clear."""
+    before = before_internode_tls(topology)
+    for name in nodes_of(3):
         service = before["services"][name]
         del service["environment"]["CASSANDRA_TLS_KEYSTORE_FILE"], service["environment"]["CASSANDRA_TLS_CA_FILE"]
         service["secrets"] = [secret for secret in service["secrets"]
@@ -145,11 +159,12 @@ def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology
     planned = rollout_stages(text(before), text(after))
     assert [s["service"] for s in planned] == [
         "", "cassandra-1 (CQL over TLS opened)", "cassandra-2 (CQL over TLS opened)",
-        "cassandra-3 (CQL over TLS opened)", "cassandra-1", "cassandra-2", "cassandra-3"]
-    assert [s["cassandra_tls"] for s in planned] == [False, False, False, False, True, True, True]
+        "cassandra-3 (CQL over TLS opened)", "cassandra-1 (inter-node TLS sent)", "cassandra-2 (inter-node TLS sent)",
+        "cassandra-3 (inter-node TLS sent)", "cassandra-1", "cassandra-2", "cassandra-3"]
+    assert [s["cassandra_tls"] for s in planned] == [False] * 7 + [True] * 3
     # The role drains and gates by `node`, the service itself (a drain of "cassandra-1 (CQL over TLS
     # opened)" was a shell syntax error in the lab, 2026-11-29).
-    assert [s["node"] for s in planned] == ["", *nodes_of(3), *nodes_of(3)]
+    assert [s["node"] for s in planned] == ["", *nodes_of(3), *nodes_of(3), *nodes_of(3)]
 
     def state(stack: dict, name: str) -> str:
         env = stack["services"][name]["environment"]
@@ -157,17 +172,56 @@ def test_cassandra_nodes_take_tls_before_any_client_or_node_requires_it(topology
             return "clear"
         return "both" if env.get("CASSANDRA_CLIENT_TLS") == "optional" else "tls"
 
-    nodes = ("cassandra-1", "cassandra-2", "cassandra-3")
     stacks = [yaml.safe_load(s["text"]) for s in planned]
-    assert [[state(stack, name) for name in nodes] for stack in stacks] == [
+    assert [[state(stack, name) for name in nodes_of(3)] for stack in stacks] == [
         ["clear", "clear", "clear"],
         ["both", "clear", "clear"], ["both", "both", "clear"], ["both", "both", "both"],
+        ["both", "both", "both"], ["both", "both", "both"], ["both", "both", "both"],
         ["tls", "both", "both"], ["tls", "tls", "both"], ["tls", "tls", "tls"]]
+    assert [[internode(stack, name) for name in nodes_of(3)] for stack in stacks] == INTERNODE_ROLL
     adapter_tls = ["ADAPTER_CASSANDRA_CA_FILE" in stack["services"]["cassandra-adapter"]["environment"]
                    for stack in stacks]
-    assert adapter_tls == [False, False, False, False, True, True, True]
+    assert adapter_tls == [False] * 7 + [True] * 3
     assert stacks[-1]["services"] == after["services"]
     # A site with CQL over TLS already rolls its nodes once each, and its probes use TLS throughout.
     rebuilt = rollout_stages(text(after), text(render("edge", topology, ids=image_ids(cassandra="v2"))))
     assert [s["service"] for s in rebuilt] == ["", "cassandra-1", "cassandra-2", "cassandra-3"]
     assert all(s["cassandra_tls"] for s in rebuilt)
+
+
+# Each stage, each node's TLS between nodes: every node takes TLS before any sends it, and every node sends it
+# before any refuses clear, so no link is ever between a node sending clear and one refusing it.
+INTERNODE_ROLL = [
+    ["off", "off", "off"],
+    ["accepting", "off", "off"], ["accepting", "accepting", "off"], ["accepting", "accepting", "accepting"],
+    ["sending", "accepting", "accepting"], ["sending", "sending", "accepting"], ["sending", "sending", "sending"],
+    ["required", "sending", "sending"], ["required", "required", "sending"], ["required", "required", "required"]]
+
+
+def test_cassandra_nodes_with_cql_over_tls_roll_tls_between_them_in_three_passes(topology):
+    """A site deployed with CQL over TLS but clear between its Cassandra nodes: a node refusing clear must
+    only ever hear from peers sending TLS, and a node sending TLS only reach peers taking it. CQL stays on TLS
+    throughout, so the health role's probes use TLS and no client changes."""
+    before, after = before_internode_tls(topology), render("edge", topology, ids=image_ids())
+    planned = rollout_stages(text(before), text(after))
+    assert [s["service"] for s in planned] == [
+        "", *(f"{n} (inter-node TLS accepted)" for n in nodes_of(3)),
+        *(f"{n} (inter-node TLS sent)" for n in nodes_of(3)), *nodes_of(3)]
+    assert all(s["cassandra_tls"] for s in planned)
+    stacks = [yaml.safe_load(s["text"]) for s in planned]
+    assert [[internode(stack, name) for name in nodes_of(3)] for stack in stacks] == INTERNODE_ROLL
+    assert not any(stack["services"][name]["environment"].get("CASSANDRA_CLIENT_TLS")
+                   for stack in stacks for name in nodes_of(3))
+    assert stacks[-1]["services"] == after["services"]
+
+
+def test_a_cassandra_node_alone_in_its_ring_moves_onto_tls_between_nodes_in_one_restart(topology):
+    """A site with one Cassandra node (site-b in the lab): nobody to hear it in clear, so no passes (each would
+    be a restart of the site's only storage)."""
+    before, after = before_internode_tls(topology), render("edge", topology, ids=image_ids())
+    for stack in (before, after):
+        for name in ("cassandra-2", "cassandra-3"):
+            del stack["services"][name]
+    planned = rollout_stages(text(before), text(after))
+    assert [s["service"] for s in planned] == ["", "cassandra-1"]
+    assert internode(yaml.safe_load(planned[-1]["text"]), "cassandra-1") == "required"

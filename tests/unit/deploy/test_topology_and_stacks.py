@@ -185,6 +185,8 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
     assert (env["CASSANDRA_TLS_KEYSTORE_FILE"], env["CASSANDRA_TLS_CA_FILE"]) == \
         ("/run/secrets/cassandra_keystore.pem", "/run/secrets/cassandra_ca.pem")
     assert "CASSANDRA_CLIENT_TLS" not in cassandra["environment"]                # required, the entrypoint's default
+    # Mutual TLS between nodes, named so that deploy/rollout.py can tell a node deployed before it.
+    assert env["CASSANDRA_INTERNODE_TLS"] == "required"
     targets = {s["target"]: s["source"] for s in cassandra["secrets"] if isinstance(s, dict)}
     assert targets["cassandra_keystore.pem"].startswith("cassandra_3_keystore")
     assert targets["cassandra_ca.pem"].startswith("cassandra_ca")
