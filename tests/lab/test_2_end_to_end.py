@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import queue
 import re
 import statistics
 import subprocess
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -25,23 +27,43 @@ EDGE_SITES = ["site-a", "site-b"]
 
 def publish(site_host: lab.LabHost, site: str, sensor: str, temperatures: list[float], unit: str = "C") -> int:
     """Publish readings at QoS 1 with Debian's mosquitto_pub, as a device outside the site would: the site's
-    test device, over TLS, its id as client id, `sensor` registered to it first."""
+    test device, over TLS, its id as client id, `sensor` registered to it first. Returns the first reading's
+    event time (ms)."""
     device = lab.test_device(site)
     # The bridge dead-letters readings of sensors not registered to their device (unregistered_sensor).
     lab.register_sensors(site, device, [sensor], bootstrap=f"{lab.host_ip(site_host)}:9094")
-    # Event times 1 ms apart (distinct rows) starting now; mosquitto_pub sends the
-    # lines faster than that, so latencies read from Cassandra err by < len/1000 s.
-    start_ms = int(time.time() * 1000)
-    lines = "".join(json.dumps({"timestamp": start_ms + i, "temperature": t, "unit": unit}) + "\n"
-                    for i, t in enumerate(temperatures))
     cmd = ["docker", "run", "-i", "--rm", "--network", lab.NETWORK, "-v", f"{lab.pki_dir() / 'ca.crt'}:/ca.crt:ro",
            images.tag("mosquitto", pins.load()),
-           "mosquitto_pub", "-h", lab.host_ip(lab.mosquitto_host(lab.existing_hosts(), site)), "-p", "8883",
-           "--cafile", "/ca.crt",
+           # -d says when the CONNACK came; stdbuf: line by line, as it happens, into the pipe
+           "stdbuf", "-oL", "mosquitto_pub", "-h", lab.host_ip(lab.mosquitto_host(lab.existing_hosts(), site)),
+           "-p", "8883", "--cafile", "/ca.crt", "-d",
            "-u", device, "-P", lab.device_password(device), "-i", device, "-V", "mqttv5", "-q", "1", "-l",
            "-t", names.MQTT_READINGS.format(site=site, device_id=device, sensor_id=sensor)]
-    result = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    device_process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+    said: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=lambda: [*map(said.put, device_process.stdout), said.put(None)], daemon=True).start()
+    output: list[str] = []
+    try:
+        # The readings are stamped once the device has its CONNACK (-d prints it), not before `docker run`
+        # starts its container (1-2 s on a busy lab, which the latencies below then counted).
+        while not output or "CONNACK" not in output[-1]:
+            line = said.get(timeout=120)
+            assert line is not None, f"mosquitto_pub ended before it connected:\n{''.join(output)}"
+            output.append(line)
+        # Event times 1 ms apart (distinct rows) starting now; mosquitto_pub sends the lines faster than that,
+        # so latencies read from Cassandra err by < len/1000 s.
+        start_ms = int(time.time() * 1000)
+        device_process.stdin.write("".join(json.dumps({"timestamp": start_ms + i, "temperature": t, "unit": unit})
+                                           + "\n" for i, t in enumerate(temperatures)))
+        device_process.stdin.close()
+        code = device_process.wait(timeout=300)
+        while (line := said.get(timeout=60)) is not None:      # the rest of its output, to EOF
+            output.append(line)
+    finally:
+        if device_process.poll() is None:
+            device_process.kill()
+    assert code == 0, "".join(output[-40:])
     return start_ms
 
 
