@@ -3,7 +3,8 @@
 - `setup_logging(service)`: one key=value line per event on stdout.
 - `serve_http(port, health, metrics)`: /metrics (whatever `metrics()` returns as
   (body, content type); each service passes its own Prometheus exposition) and
-  /healthz (200 when `health()` returns (True, detail), else 503) on a daemon thread.
+  /healthz (200 when `health()` returns (True, detail), else 503) on a daemon thread. A client that hangs
+  up before the answer is written (the container healthcheck reads only the status line) is not an error.
 - `StopFlag`: set by SIGTERM/SIGINT; services drain and exit when it is set.
 """
 from __future__ import annotations
@@ -55,6 +56,15 @@ HealthProbe = Callable[[], tuple[bool, str]]
 MetricsExposition = Callable[[], tuple[bytes, str]]
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # The stack's healthcheck (bash over /dev/tcp) closes once it has the status line, so writing the body
+        # can meet a reset: socketserver would print a traceback for each, every 15 s in every Python service.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def serve_http(port: int, health: HealthProbe, metrics: MetricsExposition,
                host: str = "0.0.0.0") -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
@@ -75,7 +85,7 @@ def serve_http(port: int, health: HealthProbe, metrics: MetricsExposition,
         def log_message(self, *_args) -> None:  # scrapes would flood the log
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
 
