@@ -518,6 +518,9 @@ LAB_GROUP_VARS = f"""---
 # skips its multi-node waits and Spark jobs run in local mode. The secrets are in
 # secrets.yml next to this file.
 stack_cassandra_fast_start: true
+# C1 only: the lab's 14 JVMs start at once on two cores, and C2 compilation was most of their start-up CPU
+# (docs/development.md, "The lab's JVMs"); at the lab's 20 readings/s the slower code costs little.
+stack_jvm_extra_opts: "-XX:TieredStopAtLevel=1"
 stack_heap:
   zookeeper: "-Xms32m -Xmx128m"
   kafka: "-Xms192m -Xmx384m"

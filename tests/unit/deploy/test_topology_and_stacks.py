@@ -319,6 +319,43 @@ def test_a_spark_job_slow_to_start_on_a_loaded_node_is_not_killed_while_it_start
         assert check["test"][-1] == "4040" and check["start_period"] == "900s", check
 
 
+def test_jvm_extra_opts_reach_every_jvm_of_the_stack_and_nothing_when_empty():
+    """stack_jvm_extra_opts (the lab's C1-only JIT) in each image's variable for its JVM flags and in each Spark
+    job's driver and executor options; left empty, the services render as they always did (no restart)."""
+    opts = "-XX:TieredStopAtLevel=1"
+    topology = site_topology(SMALL_SITE, ["n1"], "site-b")
+    plain = render("edge", topology)["services"]
+    edge = render("edge", topology, stack_jvm_extra_opts=opts)["services"]
+    dc = render("datacenter", site_topology(SMALL_SITE, ["n1"], "datacenter"), stack_jvm_extra_opts=opts)["services"]
+    assert edge["kafka-1"]["environment"]["KAFKA_JVM_OPTS"] == opts
+    assert edge["zookeeper-1"]["environment"]["KAFKA_JVM_OPTS"] == opts
+    assert edge["cassandra-1"]["environment"]["JVM_EXTRA_OPTS"] == opts
+    assert dc["mirrormaker"]["environment"]["KAFKA_JVM_OPTS"] == opts
+    for job in ("threshold-detector", "rollups"):
+        command = edge[job]["command"]
+        assert f"spark.driver.extraJavaOptions={opts}" in command
+        assert f"spark.executor.extraJavaOptions={opts}" in command
+        assert not any("extraJavaOptions" in arg for arg in plain[job]["command"])
+    assert plain == {name: _without_jvm_extra_opts(service) for name, service in edge.items()}
+
+
+def _without_jvm_extra_opts(service: dict) -> dict:
+    service = dict(service)
+    if "environment" in service:
+        service["environment"] = {k: v for k, v in service["environment"].items()
+                                  if k not in ("KAFKA_JVM_OPTS", "JVM_EXTRA_OPTS")}
+    command = service.get("command")
+    if isinstance(command, list):
+        kept = []
+        for arg in command:
+            if "extraJavaOptions=" in arg:
+                kept.pop()      # its "--conf"
+            else:
+                kept.append(arg)
+        service["command"] = kept
+    return service
+
+
 def test_updating_lists_services_with_unfinished_rollouts():
     lines = ["site-a_bridge updating", "site-a_kafka-1 completed", "site-a_mosquitto", "site-a_adapter paused"]
     assert updating(lines) == ["site-a_bridge", "site-a_adapter"]
