@@ -15,6 +15,8 @@ link either node opened is encrypted; a peer in clear, or one without a certific
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.auth import PlainTextAuthProvider
@@ -74,8 +76,12 @@ def _logs_say(lab, name: str, text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def joined(lab, tmp_path_factory):
-    secrets = login_secrets(tmp_path_factory.mktemp("secrets"), SUPERUSER_PASSWORD, ADAPTER_PASSWORD)
+def secrets(tmp_path_factory):
+    return login_secrets(tmp_path_factory.mktemp("secrets"), SUPERUSER_PASSWORD, ADAPTER_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def joined(lab, secrets):
     first = _start(lab, secrets, "cassandra-1", fast=True)
     wait_until("cassandra-1's adapter role", lambda: _logs_say(lab, "cassandra-1", "changed: GRANT CREATE"),
                timeout=300, interval=3, on_timeout=lambda: lab.logs("cassandra-1"))
@@ -194,3 +200,45 @@ def test_the_new_node_alone_serves_every_row_and_the_adapters_login(lab, joined)
     finally:
         for command in ("enablegossip", "enablebinary"):
             lab.exec("cassandra-1", "nodetool", command)
+
+
+def test_a_dead_node_on_new_hardware_takes_its_place_and_every_row(lab, secrets, joined):
+    """Last in the module: cassandra-2 dies with its disk (container and volume gone), and a fresh cassandra-2
+    starts with the same settings, as the stack starts `cassandra-<id>` on the host that replaces the dead one.
+    Its entrypoint finds its rack in cassandra-1's peers and replaces the dead node (replace_address_first_boot)
+    instead of bootstrapping as a third node; the ring then has two nodes, both up, and the new node alone
+    serves every row (docs/operations.md, "Replacing a dead node")."""
+    dead = lab.exec("cassandra-1", "getent", "hosts", "cassandra-2").stdout.split()[0]
+    lab.rm("cassandra-2")
+    wait_until("cassandra-1 sees cassandra-2 down",
+               lambda: re.search(rf"^DN\s+{re.escape(dead)}\s", lab.exec("cassandra-1", "nodetool", "status").stdout,
+                                 re.MULTILINE), timeout=120, interval=3)
+    second = _start(lab, secrets, "cassandra-2", fast=False)
+    wait_until("the new cassandra-2 replaces the dead one", lambda: "UN " in _own_line(lab), timeout=600,
+               interval=5, on_timeout=lambda: lab.all_logs(tail=120))
+    assert _logs_say(lab, "cassandra-2", f"lists {dead} in {DC}/rack-2, this node's place, and this node has no data")
+    status = lab.exec("cassandra-1", "nodetool", "status").stdout
+    nodes = [line for line in status.splitlines() if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
+    assert len(nodes) == 2 and all(line.startswith("UN ") for line in nodes), status
+    for command in ("disablebinary", "disablegossip"):
+        assert lab.exec("cassandra-1", "nodetool", command).returncode == 0
+    try:
+        wait_until("the new cassandra-2 sees cassandra-1 down",
+                   lambda: "DN " in lab.exec("cassandra-2", "nodetool", "status").stdout, timeout=120, interval=3)
+        cluster, session = _session(second, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
+        try:
+            counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
+                                          (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
+        finally:
+            cluster.shutdown()
+        assert counted == ROWS
+    finally:
+        for command in ("enablegossip", "enablebinary"):
+            lab.exec("cassandra-1", "nodetool", command)
+
+
+def _own_line(lab) -> str:
+    """cassandra-2's own line in its `nodetool status` (the ring as the new node sees itself)."""
+    address = lab.exec("cassandra-2", "hostname", "-i").stdout.split()[0]
+    status = lab.exec("cassandra-2", "nodetool", "status").stdout
+    return next((line for line in status.splitlines() if f" {address} " in line), "")

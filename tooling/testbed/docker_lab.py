@@ -95,6 +95,12 @@ class Lab:
     def stop(self, name: str) -> None:
         docker("stop", "-t", "20", f"{self.network}-{name}", check=False)
 
+    def rm(self, name: str) -> None:
+        """The container gone with its anonymous volumes (its data), as a node that died with its disk."""
+        cname = f"{self.network}-{name}"
+        docker("rm", "-f", "-v", cname, check=False)
+        self.containers = [c for c in self.containers if c != cname]
+
     def close(self) -> None:
         for cname in reversed(self.containers):
             docker("rm", "-f", "-v", cname, check=False)
