@@ -6,7 +6,8 @@ keep state on a node's volume, Spark and monitoring, and a share of the stateles
 number of hosts: a share of the stateless services, which survive the loss of any one of these nodes);
 mqtt_node (one or more hosts per edge site: Mosquitto runs on one of them and Swarm starts it on another when
 that node dies; devices are given every one's address); kafka_retire (a broker whose replicas move to the
-others before its host leaves the inventory: the highest kafka_ids only); ansible_host (the address others use).
+others before its host leaves the inventory: the highest kafka_ids only); cassandra_retire (the same for a
+Cassandra node, which leaves its ring); ansible_host (the address others use).
 docs/operations.md ("Inventory", host variables) explains each; a bad value raises DeployError naming the host,
 the variable and the fix.
 """
@@ -44,19 +45,20 @@ def _ids(hostvars: dict, hosts: list[str], role: str) -> list[dict]:
     return [{"id": i, "node": placed[i], "address": _address(hostvars, placed[i])} for i in sorted(placed)]
 
 
-def _retiring(hostvars: dict, hosts: list[str], brokers: list[dict], site: str) -> list[int]:
-    """Ids of the brokers with kafka_retire=true: the highest ones (ids still run 1..n once they leave), and
-    never all of them."""
+def _retiring(hostvars: dict, hosts: list[str], nodes: list[dict], site: str, role: str = "kafka") -> list[int]:
+    """Ids of the `role` nodes (kafka, cassandra) with <role>_retire=true: the highest ones (ids still run 1..n
+    once they leave), and never all of them."""
+    flag, what = f"{role}_retire", {"kafka": "broker", "cassandra": "Cassandra node"}[role]
     for host in hosts:
-        if _flagged(hostvars[host], "kafka_retire") and not any(k["node"] == host for k in brokers):
-            fail(f"{host}: kafka_retire=true without a kafka_id; retire the host that runs the broker")
-    retiring = sorted(k["id"] for k in brokers if _flagged(hostvars[k["node"]], "kafka_retire"))
-    if retiring and len(retiring) == len(brokers):
-        fail(f"site {site}: every broker has kafka_retire=true; at least one must stay")
-    highest = list(range(len(brokers) - len(retiring) + 1, len(brokers) + 1))
+        if _flagged(hostvars[host], flag) and not any(n["node"] == host for n in nodes):
+            fail(f"{host}: {flag}=true without a {role}_id; retire the host that runs the {what}")
+    retiring = sorted(n["id"] for n in nodes if _flagged(hostvars[n["node"]], flag))
+    if retiring and len(retiring) == len(nodes):
+        fail(f"site {site}: every {what} has {flag}=true; at least one must stay")
+    highest = list(range(len(nodes) - len(retiring) + 1, len(nodes) + 1))
     if retiring != highest:
-        fail(f"site {site}: kafka_retire=true on kafka_id {retiring}; only the highest ids can leave ({highest} "
-             "for as many brokers), as ids run 1..n")
+        fail(f"site {site}: {flag}=true on {role}_id {retiring}; only the highest ids can leave ({highest} "
+             f"for as many {what}s), as ids run 1..n")
     return retiring
 
 
@@ -131,6 +133,11 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         # Brokers whose replicas move to the others (the topics role); they run until their host leaves.
         "kafka_retiring": (retiring := _retiring(hostvars, hosts, topology["kafka"], site_alias)),
         "kafka_serving": [k["id"] for k in topology["kafka"] if k["id"] not in retiring],
+        # Cassandra nodes that leave their ring (`nodetool decommission`, the health role) while they still
+        # run; a later run without their cassandra_id stops them.
+        "cassandra_retiring": (leaving := _retiring(hostvars, hosts, topology["cassandra"], site_alias,
+                                                    "cassandra")),
+        "cassandra_serving": [c["id"] for c in topology["cassandra"] if c["id"] not in leaving],
         "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
         # Ids run 1..n, so the first three nodes are always these names, whether or not the site has
         # them yet: adding a node changes no node's seed list (Cassandra skips a seed it cannot resolve,

@@ -11,7 +11,8 @@ gossip and CQL, every row and the adapter's login are served by cassandra-2 alon
 
 Both nodes run as at a site, with CQL over TLS and mutual TLS between them (issue 30), each with a
 certificate of one Cassandra CA: the join, the repair and the reads below all cross that link, and every
-link either node opened is encrypted; a peer in clear, or one without a certificate, is cut off.
+link either node opened is encrypted; a peer in clear, or one without a certificate, is cut off. Last,
+cassandra-2 dies with its disk and a fresh one replaces it, which then retires (decommission) for good.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from cassandra.query import BatchStatement
 from services.common.cql_tls import cql_tls_context
 from tooling.testbed import certs
 from tooling.testbed.cassandra_node import TLS_DIR, login_secrets, make_tls_dir
-from tooling.testbed.docker_lab import free_port, wait_until
+from tooling.testbed.docker_lab import docker, free_port, wait_until
 
 DC = "site-a"
 SUPERUSER_PASSWORD = "join-superuser-secret"
@@ -242,3 +243,34 @@ def _own_line(lab) -> str:
     address = lab.exec("cassandra-2", "hostname", "-i").stdout.split()[0]
     status = lab.exec("cassandra-2", "nodetool", "status").stdout
     return next((line for line in status.splitlines() if f" {address} " in line), "")
+
+
+def test_a_retiring_node_hands_its_rows_over_then_idles_healthy(lab, joined):
+    """After the replacement above: cassandra-2 leaves the ring as the health role retires a node with
+    cassandra_retire=true (`cassandra-decommission 1`, the replicas that stay). Both keyspaces go down to one
+    replica first, the node streams its ranges to cassandra-1, which then alone holds every row; the node's
+    container, restarted, idles and counts as healthy instead of failing to start for good
+    (docs/operations.md, "Removing a Cassandra node from a site")."""
+    first, _ = joined
+    result = lab.exec("cassandra-2", "cassandra-decommission", "1", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"system_auth from 2 to 1 replicas in {DC}" in result.stdout, result.stdout
+    assert f"iot from 2 to 1 replicas in {DC}" in result.stdout, result.stdout
+    status = lab.exec("cassandra-1", "nodetool", "status").stdout
+    nodes = [line for line in status.splitlines() if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
+    assert len(nodes) == 1 and nodes[0].startswith("UN "), status
+    cluster, session = _session(first, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
+    try:
+        counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
+                                      (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
+    finally:
+        cluster.shutdown()
+    assert counted == ROWS
+    again = lab.exec("cassandra-2", "cassandra-decommission", "1")
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    docker("restart", "-t", "30", f"{lab.network}-cassandra-2", timeout=180)
+    wait_until("the decommissioned node idles after a restart",
+               lambda: _logs_say(lab, "cassandra-2", "(cassandra-decommission); idle until the stack"), timeout=120)
+    health = lab.exec("cassandra-2", "cassandra-health")
+    assert health.returncode == 0 and "decommissioned at" in health.stdout, health.stdout
+    assert lab.exec("cassandra-2", "cassandra-health", "--ring").returncode == 1

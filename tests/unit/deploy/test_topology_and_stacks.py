@@ -64,6 +64,13 @@ SMALL_SITE = _hosts(n1={"zookeeper_id": 1, "kafka_id": 1, "cassandra_id": 1, "ap
                 "kafka_retire": True}), "every broker has kafka_retire=true; at least one must stay"),
     ({**SMALL_SITE, "n1": {**SMALL_SITE["n1"], "kafka_retire": "true"}, "n2": {"swarm_role": "worker", "kafka_id": 2}},
      r"kafka_retire=true on kafka_id \[1\]; only the highest ids can leave \(\[2\]"),
+    ({**SMALL_SITE, "n2": {"swarm_role": "worker", "cassandra_retire": True}},
+     "n2: cassandra_retire=true without a cassandra_id; retire the host that runs the Cassandra node"),
+    (_hosts(n1={**SMALL_SITE["n1"], "cassandra_retire": True}),
+     "every Cassandra node has cassandra_retire=true; at least one must stay"),
+    ({**SMALL_SITE, "n1": {**SMALL_SITE["n1"], "cassandra_retire": "true"},
+      "n2": {"swarm_role": "worker", "cassandra_id": 2}},
+     r"cassandra_retire=true on cassandra_id \[1\]; only the highest ids can leave \(\[2\] for as many Cassandra"),
 ])
 def test_bad_inventory_is_named(hostvars, message):
     with pytest.raises(Exception, match=message):
@@ -79,6 +86,16 @@ def test_a_retiring_broker_still_runs_and_is_no_longer_one_the_topics_are_spread
     assert topology["kafka_bootstrap_internal"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
     plain = site_topology(SMALL_SITE, ["n1"], "site-x", "edge")
     assert plain["kafka_retiring"] == [] and plain["kafka_serving"] == [1]
+
+
+def test_a_retiring_cassandra_node_still_runs_and_is_not_one_that_serves():
+    hostvars = {**SMALL_SITE, "n2": {"swarm_role": "worker", "cassandra_id": 2},
+                "n3": {"swarm_role": "worker", "cassandra_id": 3, "cassandra_retire": True}}
+    topology = site_topology(hostvars, list(hostvars), "site-x", "edge")
+    assert [c["id"] for c in topology["cassandra"]] == [1, 2, 3]
+    assert topology["cassandra_retiring"] == [3] and topology["cassandra_serving"] == [1, 2]
+    plain = site_topology(SMALL_SITE, ["n1"], "site-x", "edge")
+    assert plain["cassandra_retiring"] == [] and plain["cassandra_serving"] == [1]
 
 
 def test_bad_site_alias_is_named():
