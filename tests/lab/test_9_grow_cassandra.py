@@ -3,7 +3,8 @@
 Kafka and Mosquitto keep their tasks; the new node bootstraps, raises system_auth and the adapter's
 keyspace to min(nodes, 3) replicas and repairs them; nothing is lost. The proof that the rows written
 before the join are on the new node: with the first node out of gossip and CQL for a moment, the new
-node alone counts every batch (while replicas = nodes, every node holds every row).
+node alone counts every batch (while replicas = nodes, every node holds every row). Then the node
+retires (`scripts/lab retire-cassandra site-b`): decommissioned, its host gone, every batch still counted.
 Not in the smoke: a new host, its images and the deploy take several minutes here."""
 from __future__ import annotations
 
@@ -116,3 +117,40 @@ def test_a_new_cassandra_node_bootstraps_takes_every_row_and_restarts_no_other(l
         for command in ("enablegossip", "enablebinary"):
             _in_container(first_host, 1, "nodetool", command)
     assert counts == [BATCH] * len(sensors)
+
+
+@pytest.mark.timeout(2700)
+def test_the_highest_cassandra_node_retires_with_its_rows_handed_over_and_restarts_no_other(lab_hosts, capsys):
+    """After the test above (or on a lab where `scripts/lab add-cassandra site-b` ran): `scripts/lab
+    retire-cassandra site-b` sets cassandra_retire=true on the highest node and runs site.yml (the health role
+    decommissions it), then runs site.yml without it and lets its host go, while a device publishes. The other
+    stateful services keep their tasks, both keyspaces have min(nodes that stay, 3) replicas, the ring has only
+    the nodes that stay, all up, and every batch is counted (docs/operations.md, "Removing a Cassandra node
+    from a site")."""
+    manager = lab.site_managers(lab_hosts)[SITE]
+    nodes_before = lab.role_ids(lab_hosts, SITE, "cassandra")
+    if len(nodes_before) < 2:
+        pytest.skip(f"{SITE} has one Cassandra node; run the test above (add-cassandra) first")
+    leaving = nodes_before[-1]
+    staying = tuple(f"cassandra-{n}" for n in nodes_before[:-1])
+    tasks_before = running_tasks(manager, STATEFUL + staying, SITE)
+
+    started = time.monotonic()
+    sensors = publishing_while(manager, SITE, "retire-cassandra", lambda: run_lab("retire-cassandra", SITE))
+    with capsys.disabled():
+        print(f"\nretiring cassandra-{leaving} from {SITE} (two site.yml runs, its host out) took "
+              f"{time.monotonic() - started:.0f}s; {len(sensors)} batches of {BATCH} published meanwhile")
+
+    hosts = lab.existing_hosts()
+    manager = lab.site_managers(hosts)[SITE]
+    first_host = next(h for h in hosts if h.site == SITE and h.variables.get("cassandra_id") == 1)
+    assert lab.role_ids(hosts, SITE, "cassandra") == nodes_before[:-1]
+    assert running_tasks(manager, STATEFUL + staying, SITE) == tasks_before, "a running stateful service restarted"
+    services = lab.host_exec(manager, "docker", "service", "ls", "--format", "{{.Name}}", check=False).stdout
+    assert f"{SITE}_cassandra-{leaving}" not in services.split()
+    replicas = min(len(nodes_before) - 1, 3)
+    assert _replication(manager) == {"system_auth": replicas, "iot": replicas}
+    ring = [line for line in _in_container(first_host, 1, "nodetool", "status").splitlines()
+            if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
+    assert len(ring) == len(nodes_before) - 1 and all(line.startswith("UN ") for line in ring), ring
+    assert_counted(manager, SITE, sensors)

@@ -8,7 +8,7 @@ simulated devices at every site and prints a status table. Its random secrets li
   scripts/lab add-site site-c       one more edge site: a host, an inventory group, site.yml on it and the datacenter
   scripts/lab add-broker site-b     one more node with a Kafka broker at a site; replicas move onto it
   scripts/lab add-cassandra site-b  one more node with a Cassandra node at a site; it bootstraps and repairs
-  scripts/lab retire-broker site-a  the highest broker hands its replicas over (site.yml), then its host leaves
+  scripts/lab retire-broker site-a  the highest broker (retire-cassandra: Cassandra node) hands its data over, then goes
   scripts/lab remove-site site-b [--purge]   the site out of the inventory, ansible/remove_site.yml, hosts removed
   scripts/lab playbook [ARGS]       rerun site.yml against the lab (ARGS go to ansible-playbook)
   scripts/lab diagnose              services per site; tasks and logs of those not fully running
@@ -748,25 +748,33 @@ def remove_site(hosts: list[LabHost], site: str, purge: bool) -> None:
                f"in {time.monotonic() - started:.0f}s")
 
 
-def retire_broker(hosts: list[LabHost], site: str) -> None:
-    """What an operator does to take a broker away (docs/operations.md, "Removing a Kafka broker from a site"):
-    kafka_retire=true on the highest kafka_id and site.yml, which moves its replicas to the other brokers;
-    then its host out of the inventory and site.yml again; then the machine leaves the Swarm and goes. Only
-    a node that runs nothing but Kafka (one `add-broker` made): lab hosts keep their variables in labels."""
-    brokers = [h for h in hosts if h.site == site and "kafka_id" in h.variables]
-    if len(brokers) < 2:
-        raise SystemExit(f"lab: {site} has {len(brokers)} broker(s); `scripts/lab add-broker {site}` first")
-    host = max(brokers, key=lambda h: int(h.variables["kafka_id"]))
-    if set(host.variables) - {"swarm_role", "kafka_id"}:
-        raise SystemExit(f"lab: {host.name} runs more than its broker ({host.variables}); the lab retires only "
-                         f"a node `scripts/lab add-broker {site}` made")
+RETIRE_ROLES = {"retire-broker": ("kafka", "broker", "add-broker", "Removing a Kafka broker from a site"),
+                "retire-cassandra": ("cassandra", "Cassandra node", "add-cassandra",
+                                     "Removing a Cassandra node from a site")}
+
+
+def retire_node(hosts: list[LabHost], site: str, command: str = "retire-broker") -> None:
+    """What an operator does to take a broker or a Cassandra node away (docs/operations.md, the section in
+    RETIRE_ROLES): <role>_retire=true on the highest <role>_id and site.yml, which moves the broker's replicas
+    to the others or takes the Cassandra node out of its ring; then its host out of the inventory and site.yml
+    again; then the machine leaves the Swarm and goes. Only a node that runs nothing else (one `add-broker` or
+    `add-cassandra` made): lab hosts keep their variables in labels."""
+    role, what, grow, section = RETIRE_ROLES[command]
+    nodes = [h for h in hosts if h.site == site and f"{role}_id" in h.variables]
+    if len(nodes) < 2:
+        raise SystemExit(f"lab: {site} has {len(nodes)} {what}(s); `scripts/lab {grow} {site}` first")
+    host = max(nodes, key=lambda h: int(h.variables[f"{role}_id"]))
+    if set(host.variables) - {"swarm_role", f"{role}_id"}:
+        raise SystemExit(f"lab: {host.name} runs more than its {what} ({host.variables}); the lab retires only "
+                         f"a node `scripts/lab {grow} {site}` made")
     started = time.monotonic()
-    broker = f"kafka-{host.variables['kafka_id']}"
-    log("lab", f"retiring {broker} of {site}: kafka_retire=true on {host.name}, site.yml moves its replicas")
-    retiring = [LabHost(h.name, h.group, {**h.variables, "kafka_retire": True}) if h == host else h for h in hosts]
+    service = f"{role}-{host.variables[f'{role}_id']}"
+    log("lab", f"retiring {service} of {site}: {role}_retire=true on {host.name}, then site.yml ({section})")
+    retiring = [LabHost(h.name, h.group, {**h.variables, f"{role}_retire": True}) if h == host else h
+                for h in hosts]
     playbook(write_inventory(retiring), "--limit", f"datacenter,{host.group}")
     moved = time.monotonic()
-    log("lab", f"{broker}'s replicas moved in {moved - started:.0f}s; {host.name} leaves the inventory")
+    log("lab", f"{service} handed its data over in {moved - started:.0f}s; {host.name} leaves the inventory")
     remaining = [h for h in hosts if h != host]
     playbook(write_inventory(remaining), "--limit", f"datacenter,{host.group}")
     host_exec(host, "docker", "swarm", "leave", "--force", check=False)
@@ -779,8 +787,8 @@ def retire_broker(hosts: list[LabHost], site: str) -> None:
         time.sleep(5)
     run("docker", "rm", "-f", host.container)
     run("docker", "volume", "rm", "-f", f"{host.container}-docker", check=False)
-    log("lab", f"{broker} retired from {site} in {time.monotonic() - started:.0f}s "
-               f"(replicas moved {moved - started:.0f}s, host out {time.monotonic() - moved:.0f}s)")
+    log("lab", f"{service} retired from {site} in {time.monotonic() - started:.0f}s "
+               f"(data handed over {moved - started:.0f}s, host out {time.monotonic() - moved:.0f}s)")
 
 
 def down() -> None:
@@ -821,9 +829,11 @@ def main(argv: list[str] | None = None) -> int:
                                                   "flow; its relayed data kept unless --purge")
     remove_p.add_argument("site", help="site alias, e.g. site-b")
     remove_p.add_argument("--purge", action="store_true", help="delete the site's topics and rows at the datacenter")
-    retire_p = sub.add_parser("retire-broker", help="the site's highest broker hands its replicas to the others, "
-                                                    "then its node leaves (two site.yml runs)")
-    retire_p.add_argument("site", help="site alias, e.g. site-a")
+    for command, what in (("retire-broker", "broker hands its replicas to the others"),
+                          ("retire-cassandra", "Cassandra node leaves its ring, its rows handed to the others")):
+        retire_p = sub.add_parser(command, help=f"the site's highest {what}, then its node leaves (two site.yml "
+                                                "runs)")
+        retire_p.add_argument("site", help="site alias, e.g. site-a")
     sub.add_parser("status", help="print the status table")
     cpu_p = sub.add_parser("cpu", help="each service's cores over a window, from cgroup counters (busiest first)")
     cpu_p.add_argument("--window", type=float, default=60.0, help="seconds to measure over (default 60)")
@@ -882,8 +892,8 @@ def main(argv: list[str] | None = None) -> int:
         print_status(hosts, check=False)
     elif args.command == "remove-site":
         remove_site(hosts, args.site, args.purge)
-    elif args.command == "retire-broker":
-        retire_broker(hosts, args.site)
+    elif args.command in RETIRE_ROLES:
+        retire_node(hosts, args.site, args.command)
     elif args.command == "playbook":
         playbook(write_inventory(hosts), *extra)
     elif args.command == "status":
