@@ -95,7 +95,7 @@ def print_diagnosis(why: str) -> None:
 
 
 def settle_lab() -> None:
-    """Wait (at most 10 minutes) for the lab's JVMs to warm up before the first test (tooling/lab/settle.py), and
+    """Wait (at most settle.LIMIT_S) for the lab's JVMs to warm up before the first test (tooling/lab/settle.py), and
     say where the lab's CPU went in the wait's last minute (tooling/lab/cpu.py)."""
     problems: list[str] = []        # the CPU table only informs: a failure to read it never fails the lab tests
 
