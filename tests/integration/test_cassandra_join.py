@@ -72,6 +72,37 @@ def _session(port: int, user: str, password: str, consistency=ConsistencyLevel.L
     return cluster, cluster.connect()
 
 
+def _counted_through(port: int) -> int:
+    """Every row, read at ONE through the node published on `port` as the adapter's role."""
+    cluster, session = _session(port, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
+    try:
+        return sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
+                                   (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
+    finally:
+        cluster.shutdown()
+
+
+def _counted_by_cassandra_2_alone(lab, port: int) -> int:
+    """_counted_through cassandra-2 while cassandra-1 is out of gossip and CQL: to cassandra-2 it is down, so
+    cassandra-2 coordinates and answers alone."""
+    for command in ("disablebinary", "disablegossip"):
+        result = lab.exec("cassandra-1", "nodetool", command)
+        assert result.returncode == 0, result.stderr
+    try:
+        wait_until("cassandra-2 sees cassandra-1 down",
+                   lambda: "DN " in lab.exec("cassandra-2", "nodetool", "status").stdout, timeout=120, interval=3)
+        return _counted_through(port)
+    finally:
+        for command in ("enablegossip", "enablebinary"):
+            lab.exec("cassandra-1", "nodetool", command)
+
+
+def _ring(lab, name: str) -> list[str]:
+    """The node lines of `nodetool status` on `name` (state and address first: UN, DN, UJ, ...)."""
+    status = lab.exec(name, "nodetool", "status").stdout
+    return [line for line in status.splitlines() if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
+
+
 def _logs_say(lab, name: str, text: str) -> bool:
     return text in lab.logs(name, tail=2000)
 
@@ -184,23 +215,7 @@ def test_both_keyspaces_are_raised_to_the_nodes_there_are(joined):
 
 def test_the_new_node_alone_serves_every_row_and_the_adapters_login(lab, joined):
     _, second = joined
-    # cassandra-1 leaves gossip and CQL: to cassandra-2 it is down, so it coordinates and answers alone.
-    for command in ("disablebinary", "disablegossip"):
-        result = lab.exec("cassandra-1", "nodetool", command)
-        assert result.returncode == 0, result.stderr
-    try:
-        wait_until("cassandra-2 sees cassandra-1 down",
-                   lambda: "DN " in lab.exec("cassandra-2", "nodetool", "status").stdout, timeout=120, interval=3)
-        cluster, session = _session(second, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
-        try:
-            counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
-                                          (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
-        finally:
-            cluster.shutdown()
-        assert counted == ROWS
-    finally:
-        for command in ("enablegossip", "enablebinary"):
-            lab.exec("cassandra-1", "nodetool", command)
+    assert _counted_by_cassandra_2_alone(lab, second) == ROWS
 
 
 def test_a_dead_node_on_new_hardware_takes_its_place_and_every_row(lab, secrets, joined):
@@ -218,24 +233,9 @@ def test_a_dead_node_on_new_hardware_takes_its_place_and_every_row(lab, secrets,
     wait_until("the new cassandra-2 replaces the dead one", lambda: "UN " in _own_line(lab), timeout=600,
                interval=5, on_timeout=lambda: lab.all_logs(tail=120))
     assert _logs_say(lab, "cassandra-2", f"lists {dead} in {DC}/rack-2, this node's place, and this node has no data")
-    status = lab.exec("cassandra-1", "nodetool", "status").stdout
-    nodes = [line for line in status.splitlines() if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
-    assert len(nodes) == 2 and all(line.startswith("UN ") for line in nodes), status
-    for command in ("disablebinary", "disablegossip"):
-        assert lab.exec("cassandra-1", "nodetool", command).returncode == 0
-    try:
-        wait_until("the new cassandra-2 sees cassandra-1 down",
-                   lambda: "DN " in lab.exec("cassandra-2", "nodetool", "status").stdout, timeout=120, interval=3)
-        cluster, session = _session(second, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
-        try:
-            counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
-                                          (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
-        finally:
-            cluster.shutdown()
-        assert counted == ROWS
-    finally:
-        for command in ("enablegossip", "enablebinary"):
-            lab.exec("cassandra-1", "nodetool", command)
+    nodes = _ring(lab, "cassandra-1")
+    assert len(nodes) == 2 and all(line.startswith("UN ") for line in nodes), nodes
+    assert _counted_by_cassandra_2_alone(lab, second) == ROWS
 
 
 def _own_line(lab) -> str:
@@ -256,16 +256,9 @@ def test_a_retiring_node_hands_its_rows_over_then_idles_healthy(lab, joined):
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"system_auth from 2 to 1 replicas in {DC}" in result.stdout, result.stdout
     assert f"iot from 2 to 1 replicas in {DC}" in result.stdout, result.stdout
-    status = lab.exec("cassandra-1", "nodetool", "status").stdout
-    nodes = [line for line in status.splitlines() if line[:3] in ("UN ", "DN ", "UJ ", "UL ", "DL ", "UM ")]
-    assert len(nodes) == 1 and nodes[0].startswith("UN "), status
-    cluster, session = _session(first, ADAPTER_ROLE, ADAPTER_PASSWORD, ConsistencyLevel.ONE)
-    try:
-        counted = sum(session.execute("SELECT COUNT(*) FROM iot.readings WHERE sensor = %s",
-                                      (f"sensor-{sensor}",)).one()[0] for sensor in range(ROWS // 100))
-    finally:
-        cluster.shutdown()
-    assert counted == ROWS
+    nodes = _ring(lab, "cassandra-1")
+    assert len(nodes) == 1 and nodes[0].startswith("UN "), nodes
+    assert _counted_through(first) == ROWS
     again = lab.exec("cassandra-2", "cassandra-decommission", "1")
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
     docker("restart", "-t", "30", f"{lab.network}-cassandra-2", timeout=180)
