@@ -500,12 +500,15 @@ def _write_private(path: Path, text: str) -> None:
 # Spark jobs in the lab. Every site and the datacenter share two cores with
 # four Cassandras and five Kafkas, so the lab runs the jobs the end-to-end path
 # needs (threshold detector at the edge, notifier at the datacenter), each with
-# one state partition and a 5-second trigger; rollups run in production
-# (ansible/roles/stack/defaults) and in the integration tests, not here.
-LAB_JOB_SETTINGS = {"cores": 1, "executor_memory": "512m", "env": {"TRIGGER_INTERVAL": "5 seconds"},
+# one state partition and a 15-second trigger (the detector's dead-letter query one a minute); rollups run in
+# production (ansible/roles/stack/defaults) and in the integration tests, not here. A micro-batch costs about
+# the same CPU whatever it holds, and the saturated lab ran each back to back: on 2026-11-30 the detectors took
+# 0.16-0.17 core each and the notifier 0.12 with 5 s, 0.13 and 0.09 with these (docs/development.md).
+LAB_JOB_SETTINGS = {"cores": 1, "executor_memory": "512m", "env": {"TRIGGER_INTERVAL": "15 seconds"},
                     "conf": {"spark.sql.shuffle.partitions": "1"}}
 LAB_JOBS = {
     "edge": [{"name": "threshold-detector", "file": "threshold_detector.py", **LAB_JOB_SETTINGS,
+              "env": {"TRIGGER_INTERVAL": "15 seconds", "DEAD_LETTER_TRIGGER_INTERVAL": "60 seconds"},
               "reads": ["temperature-data", "sensor-registration"],
               "writes": ["temperature-threshold-events", "dead-letter"]}],
     "datacenter": [{"name": "notifier", "file": "notifier.py", **LAB_JOB_SETTINGS,
