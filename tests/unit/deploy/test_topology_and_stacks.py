@@ -389,7 +389,8 @@ def test_lab_jobs_render_with_their_env_and_spark_conf():
     spark = {**stack_defaults()["stack_spark"], "mode": "local", "jobs": lab.LAB_JOBS}
     edge = render("edge", site_topology(SMALL_SITE, ["n1"], "site-b"), stack_spark=spark)["services"]
     job = edge["threshold-detector"]
-    assert job["environment"]["TRIGGER_INTERVAL"] == "5 seconds"
+    assert job["environment"]["TRIGGER_INTERVAL"] == "15 seconds"
+    assert job["environment"]["DEAD_LETTER_TRIGGER_INTERVAL"] == "60 seconds"
     conf = job["command"].index("spark.sql.shuffle.partitions=1")
     assert job["command"][conf - 1] == "--conf"
     assert "rollups" not in edge
