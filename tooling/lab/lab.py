@@ -508,7 +508,7 @@ LAB_JOB_SETTINGS = {"cores": 1, "executor_memory": "512m", "env": {"TRIGGER_INTE
                     "conf": {"spark.sql.shuffle.partitions": "1"}}
 LAB_JOBS = {
     "edge": [{"name": "threshold-detector", "file": "threshold_detector.py", **LAB_JOB_SETTINGS,
-              "env": {"TRIGGER_INTERVAL": "15 seconds", "DEAD_LETTER_TRIGGER_INTERVAL": "60 seconds"},
+              "env": {**LAB_JOB_SETTINGS["env"], "DEAD_LETTER_TRIGGER_INTERVAL": "60 seconds"},
               "reads": ["temperature-data", "sensor-registration"],
               "writes": ["temperature-threshold-events", "dead-letter"]}],
     "datacenter": [{"name": "notifier", "file": "notifier.py", **LAB_JOB_SETTINGS,
