@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load(args)
         mappings = load_mappings(settings.mappings_file or None)
-        kafka_auth.internal_login()      # KAFKA_USERNAME without its password file: say so now
+        kafka_auth.internal_config()     # KAFKA_USERNAME without its password file, a missing CA: say so now
     except (SettingsError, MappingError) as err:
         print(f"iot-cassandra-adapter: {err}", file=sys.stderr)
         return 2

@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         s = bridge_settings.from_args(argv)
         setup_logging("bridge", s.log_level)
         mapping = load_mapping(s.mapping_file)
-        kafka_auth.internal_login()      # KAFKA_USERNAME without its password file: say so now
+        kafka_auth.internal_config()     # KAFKA_USERNAME without its password file, a missing CA: say so now
     except (SettingsError, MappingError, ValueError) as err:
         print(f"iot-bridge: {err}", file=sys.stderr)
         return 2

@@ -5,10 +5,12 @@
   broker asks for a certificate from the deployment's clients CA, which the pki role issues only to the
   principals that belong outside a site (the datacenter's relay, the operator), so a service's password read
   off a node opens nothing from the factory network (docs/security.md): sasl_ssl_config.
-- INTERNAL (the site's overlay, 9092): SASL_PLAINTEXT with SCRAM-SHA-512, each service as its own
-  principal, whose ACLs allow only what that service does (docs/security.md): internal_config reads
-  the login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE, else
-  /run/secrets/kafka_password). Java clients (the Spark jobs) get the same login as jaas_config.
+- SERVICES (the site's overlay, 9095) and INTERNAL (9092, the deployment's tools): SCRAM-SHA-512, each
+  service as its own principal, whose ACLs allow only what that service does (docs/security.md):
+  internal_config reads the login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE,
+  else /run/secrets/kafka_password). With KAFKA_CA_FILE (the site's brokers CA) the login goes inside TLS
+  (SASL_SSL, SERVICES), checking the broker's name; without, in clear (SASL_PLAINTEXT, INTERNAL).
+  Java clients (the Spark jobs) get the same login as jaas_config, the CA inline (no file on executors).
 
 Standard library only: the Spark jobs use this module too."""
 from __future__ import annotations
@@ -24,6 +26,8 @@ MECHANISM = "SCRAM-SHA-512"
 USERNAME = settings.Option("kafka_username", "KAFKA_USERNAME", "",
                            "this program's Kafka user on INTERNAL (SCRAM-SHA-512; empty: no login)")
 PASSWORD = settings.Option("kafka_password", secret=True, required=True, help="password of KAFKA_USERNAME")
+CA_FILE = settings.Option("kafka_ca_file", "KAFKA_CA_FILE", "",
+                          "the site's brokers CA (PEM): the login goes over TLS (SERVICES listener); empty: in clear")
 USERNAME_ENV = USERNAME.env
 PASSWORD_SECRET = PASSWORD.name
 
@@ -74,11 +78,28 @@ def internal_login(environ: Mapping[str, str] | None = None,
     return user, password
 
 
+def internal_ca_file(environ: Mapping[str, str] | None = None) -> str:
+    """KAFKA_CA_FILE, checked: '' when unset; raises settings.SettingsError when it names no readable file."""
+    path = settings.value(CA_FILE, None, os.environ if environ is None else environ)
+    if path and not Path(path).is_file():
+        raise settings.SettingsError(f"KAFKA_CA_FILE={path} not found (the site's brokers CA, PEM; the Swarm "
+                                     f"secret kafka_brokers_ca), or unset it to log in to INTERNAL in clear")
+    return path
+
+
 def internal_config(environ: Mapping[str, str] | None = None,
                     secrets_dir: Path | str | None = None) -> dict[str, str]:
-    """librdkafka settings for this service's login to its site's INTERNAL listener ({} without one)."""
+    """librdkafka settings for this service's login on its site's overlay ({} without one): inside TLS
+    with KAFKA_CA_FILE, else in clear."""
     login = internal_login(environ, secrets_dir)
-    return {} if login is None else sasl_plaintext_config(*login)
+    if login is None:
+        return {}
+    config = sasl_plaintext_config(*login)
+    ca_file = internal_ca_file(environ)
+    if ca_file:
+        config |= {"security.protocol": "SASL_SSL", "ssl.ca.location": ca_file,
+                   "ssl.endpoint.identification.algorithm": "https"}
+    return config
 
 
 def jaas_config(user: str, password: str) -> str:
@@ -103,9 +124,17 @@ def client_properties(user: str, password: str) -> str:
 
 def java_internal_options(environ: Mapping[str, str] | None = None,
                           secrets_dir: Path | str | None = None) -> dict[str, str]:
-    """Java client properties for this service's login to INTERNAL ({} without one)."""
+    """Java client properties for this service's login on its site's overlay ({} without one). With
+    KAFKA_CA_FILE the CA's certificates go inline (ssl.truststore.certificates, KIP-651), so that Spark's
+    executors, which run in other containers, need no file."""
     login = internal_login(environ, secrets_dir)
     if login is None:
         return {}
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
-            "sasl.jaas.config": jaas_config(*login)}
+    options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM,
+               "sasl.jaas.config": jaas_config(*login)}
+    ca_file = internal_ca_file(environ)
+    if ca_file:
+        options |= {"security.protocol": "SASL_SSL", "ssl.truststore.type": "PEM",
+                    "ssl.truststore.certificates": Path(ca_file).read_text().strip(),
+                    "ssl.endpoint.identification.algorithm": "https"}
+    return options

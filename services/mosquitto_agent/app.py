@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = agent_settings.from_args(argv)
         setup_logging("mosquitto-agent", s.log_level)
-        kafka_auth.internal_login()      # KAFKA_USERNAME without its password file: say so now
+        kafka_auth.internal_config()     # KAFKA_USERNAME without its password file, a missing CA: say so now
         if not s.mqtt_password:
             raise SettingsError("secret mqtt_password not found (mount it at /run/secrets/mqtt_password or set "
                                 "MQTT_PASSWORD_FILE): the agent account's password")

@@ -77,7 +77,7 @@ STARTING_OFFSETS = Option("starting_offsets", "STARTING_OFFSETS", DEFAULT_STARTI
 # What every job reads (KafkaSettings.from_env, checkpoint, trigger_options, run_until_stopped, configure_logging).
 COMMON_OPTIONS: tuple[Option, ...] = (
     KAFKA_BOOTSTRAP_SERVERS, CHECKPOINT_DIR, STARTING_OFFSETS, TRIGGER_INTERVAL, STOP_TIMEOUT_SECONDS,
-    KAFKA_GROUP_ID_PREFIX, kafka_auth.USERNAME, kafka_auth.PASSWORD, LOG_LEVEL)
+    KAFKA_GROUP_ID_PREFIX, kafka_auth.USERNAME, kafka_auth.PASSWORD, kafka_auth.CA_FILE, LOG_LEVEL)
 
 
 def topic_options(name: str, what: str, topic: str = "", pattern: str = "",
@@ -133,8 +133,8 @@ class KafkaSettings:
         for name, value in os.environ.items():
             if name.startswith(KAFKA_OPTION_PREFIX) and value:
                 options["kafka." + name.removeprefix(KAFKA_OPTION_PREFIX).lower().replace("_", ".")] = value
-        # The job's own principal on INTERNAL (KAFKA_USERNAME, the secret kafka_password): SCRAM over
-        # SASL_PLAINTEXT. Its password travels in the options, which the session redacts (session()).
+        # The job's own principal (KAFKA_USERNAME, the secret kafka_password): SCRAM, inside TLS with
+        # KAFKA_CA_FILE. Its password travels in the options, which the session redacts (session()).
         options |= {"kafka." + key: value for key, value in kafka_auth.java_internal_options().items()}
         return cls(options, settings.value(STARTING_OFFSETS), settings.value(KAFKA_GROUP_ID_PREFIX))
 

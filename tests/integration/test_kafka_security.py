@@ -215,6 +215,61 @@ def test_a_service_principal_writes_only_what_its_acls_name(lab, cluster, relay)
     assert probe["topics"] == [RELAYED], f"the service sees topics it may not use: {probe}"
 
 
+# SERVICES (9095): the site's services log in there as on INTERNAL, with SCRAM, but inside TLS with the broker's
+# BROKER certificate, which they check against the site's brokers CA and the name they dial (kafka_auth's
+# internal_config with KAFKA_CA_FILE, the services image's own librdkafka).
+def services_probe(lab, cluster, user: str, password: str, ca: str = "brokers-ca.crt", bootstrap: str = "",
+                   write: tuple[str, ...] = ()) -> dict:
+    tls = {"security.protocol": "SASL_SSL", "ssl.ca.location": f"/pki/{ca}",
+           "ssl.endpoint.identification.algorithm": "https"}
+    return probe_internal(lab.network, bootstrap or cluster.services, user, password, write, conf=tls,
+                          volumes={cluster.pki: "/pki"})
+
+
+def test_services_takes_a_services_login_inside_tls_under_the_same_acls(lab, cluster, relay):
+    user, password = "adapter", f"adapter-{uuid.uuid4().hex}"
+    access(lab, cluster, {user: password}, service_acls([{"user": user, "writes": [RELAYED]}]))
+    probe = services_probe(lab, cluster, user, password, write=(RELAYED, NOT_RELAYED))
+    assert probe["topics"] == [RELAYED], f"the service sees other topics or none over TLS: {probe}"
+    assert probe["write " + RELAYED] == "ok", probe
+    assert probe["write " + NOT_RELAYED] == "TOPIC_AUTHORIZATION_FAILED", probe
+
+
+def test_services_refuses_clear_another_ca_another_name_and_a_wrong_password(lab, cluster):
+    address = lab.exec(cluster.broker, "hostname", "-i").stdout.split()[0]
+    refused = {
+        "the admin's SCRAM login in clear": probe_internal(lab.network, cluster.services, *cluster.admin),
+        "a client trusting the deployment's CA (EXTERNAL's), not the brokers CA":
+            services_probe(lab, cluster, *cluster.admin, ca="ca.crt"),
+        "the broker dialled by an address its certificate does not name":
+            services_probe(lab, cluster, *cluster.admin, bootstrap=f"{address}:9095"),
+        "a wrong password": services_probe(lab, cluster, cluster.admin[0], "not-the-admins-password-3"),
+    }
+    opened = {what: out for what, out in refused.items() if out["topics"] is not None}
+    assert not opened, f"SERVICES answered: {opened}"
+    assert "_AUTHENTICATION" in refused["a wrong password"]["errors"], refused["a wrong password"]
+    assert services_probe(lab, cluster, *cluster.admin)["topics"], "the right login over TLS got no metadata"
+
+
+def test_a_java_client_on_services_takes_the_brokers_ca_inline_as_the_spark_jobs_do(lab, cluster, tmp_path):
+    """kafka_auth.java_internal_options with KAFKA_CA_FILE: the CA's PEM inline (ssl.truststore.certificates), so
+    Spark's executors need no file; here Kafka's own Java client from the kafka image, on the test network."""
+    (tmp_path / "admin.password").write_text(cluster.admin[1])
+    environ = {"KAFKA_USERNAME": cluster.admin[0], "KAFKA_PASSWORD_FILE": str(tmp_path / "admin.password"),
+               "KAFKA_CA_FILE": f"{cluster.pki}/brokers-ca.crt"}
+    options = kafka_auth.java_internal_options(environ)
+    assert "ssl.truststore.location" not in options
+    # java.util.Properties reads \n in a value as a line break: the PEM's lines, on one properties line.
+    lines = [f"{key}=" + kafka_auth.properties_value(value).replace("\n", "\\n") for key, value in options.items()]
+    (Path(cluster.pki) / "services.properties").write_text("\n".join(lines) + "\n")
+    (Path(cluster.pki) / "services.properties").chmod(0o644)
+    command = ["docker", "run", "--rm", "--network", lab.network, "-v", f"{cluster.pki}:/etc/kafka-pki:ro",
+               image("kafka"), "kafka-topics", "--bootstrap-server", cluster.services,
+               "--command-config", "/etc/kafka-pki/services.properties", "--list"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and RELAYED in result.stdout.split(), result.stdout + result.stderr[-2000:]
+
+
 def _zookeeper_shell(lab, cluster, *command: str) -> str:
     """zookeeper-shell from the ZooKeeper's own container: a client on the site's network without the brokers'
     ZooKeeper login, as a compromised service container would be."""
@@ -286,7 +341,8 @@ def test_the_brokers_talk_to_each_other_on_broker(lab, cluster):
     settings = lab.exec(cluster.broker, "grep", "-E", "^(inter.broker.listener.name|listener.security.protocol.map)=",
                         "/opt/kafka/run/server.properties").stdout.split()
     assert sorted(settings) == ["inter.broker.listener.name=BROKER",
-                                "listener.security.protocol.map=INTERNAL:SASL_PLAINTEXT,EXTERNAL:SASL_SSL,BROKER:SSL"]
+                                "listener.security.protocol.map=INTERNAL:SASL_PLAINTEXT,EXTERNAL:SASL_SSL,BROKER:SSL,"
+                                "SERVICES:SASL_SSL"]
 
 
 # What the alerts KafkaLoginsRefusedInsideSite and KafkaExternalLoginsRefused read: the broker's exporter counts
@@ -305,8 +361,9 @@ def refused_logins(lab, cluster) -> dict[str, float]:
 
 def test_the_exporter_counts_the_logins_each_listener_refused(lab, cluster):
     before = refused_logins(lab, cluster)
-    assert set(before) == {"INTERNAL", "BROKER", "EXTERNAL"}, before
+    assert set(before) == {"INTERNAL", "BROKER", "EXTERNAL", "SERVICES"}, before
     internal_probe(lab, cluster, cluster.admin[0], "not-the-admins-password-2")
+    services_probe(lab, cluster, cluster.admin[0], "not-the-admins-password-4")
     broker_probe(lab, cluster, {"security.protocol": "SSL", "ssl.ca.location": "/pki/brokers-ca.crt",
                                 "ssl.certificate.location": "/pki/relay.crt", "ssl.key.location": "/pki/relay.key"})
     errors = metadata_errors({"bootstrap.servers": cluster.external, **cluster.login(RELAY, "not-the-relays-pw")})

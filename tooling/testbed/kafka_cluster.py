@@ -4,8 +4,8 @@ Plain clusters open both listeners without TLS or logins (KAFKA_EXTERNAL_PLAINTE
 KAFKA_INTERNAL_PLAINTEXT=1: tests on one machine only). A secure one is set up as the stacks set up a
 site: a throw-away CA and a broker certificate naming 127.0.0.1 (the host's address of it), a clients CA
 and the operator's and the relay's client certificates, EXTERNAL SASL_SSL with mutual TLS, BROKER (the
-brokers' own, mutual TLS with a brokers CA) and INTERNAL SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL
-authorizer; the broker's own
+brokers' own, mutual TLS with a brokers CA), SERVICES (SASL_SSL, the BROKER certificate) and INTERNAL
+SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
 principal and the admin's, which the broker writes into ZooKeeper as it starts; and the operator's
 SCRAM user. All three are super users."""
 from __future__ import annotations
@@ -41,6 +41,11 @@ class KafkaCluster:
     operator: tuple[str, str] = field(default=("", ""))    # secure clusters: the super user's name and password
     admin: tuple[str, str] = field(default=("", ""))       # secure clusters: the admin tools' login on INTERNAL
     pki: str = ""                                          # secure clusters: make_pki's directory
+
+    @property
+    def services(self) -> str:
+        """Secure clusters: the bootstrap of SERVICES (SCRAM inside TLS, the brokers CA) for containers."""
+        return f"{self.broker}:9095"
 
     def client_cert(self, name: str = "operator") -> tuple[str, str]:
         """(certificate, key) files of a client certificate make_pki issued (operator, relay)."""
@@ -113,7 +118,7 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
         "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://{broker}:9092,EXTERNAL://127.0.0.1:{port}"
-                                      + (f",BROKER://{broker}:9093" if operator else ""),
+                                      + (f",BROKER://{broker}:9093,SERVICES://{broker}:9095" if operator else ""),
         # A single broker cannot hold three replicas of the internal topics.
         "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
         "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",

@@ -31,6 +31,33 @@ def test_a_service_logs_in_to_internal_as_its_own_principal_with_the_password_fr
                             'username="bridge" password="s3cret-Pw-0123456789";'}
 
 
+def test_with_the_brokers_ca_the_login_goes_inside_tls_checking_the_brokers_name(tmp_path):
+    """KAFKA_CA_FILE (the site's brokers CA): SASL_SSL to the SERVICES listener; Java clients get the CA
+    inline, so Spark's executors in other containers need no file."""
+    (tmp_path / "kafka_password").write_text("s3cret-Pw-0123456789\n")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    environ = {"KAFKA_USERNAME": "bridge", "KAFKA_PASSWORD_FILE": str(tmp_path / "kafka_password"),
+               "KAFKA_CA_FILE": str(tmp_path / "ca.pem")}
+    assert kafka_auth.internal_config(environ) == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "bridge", "sasl.password": "s3cret-Pw-0123456789",
+        "ssl.ca.location": str(tmp_path / "ca.pem"), "ssl.endpoint.identification.algorithm": "https"}
+    java = kafka_auth.java_internal_options(environ)
+    assert java["security.protocol"] == "SASL_SSL" and java["ssl.truststore.type"] == "PEM"
+    assert java["ssl.truststore.certificates"] == "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    assert java["ssl.endpoint.identification.algorithm"] == "https"
+    assert "ssl.truststore.location" not in java
+
+
+def test_a_missing_brokers_ca_is_an_error_naming_the_variable_and_the_way_back_to_clear(tmp_path):
+    (tmp_path / "kafka_password").write_text("s3cret-Pw-0123456789")
+    environ = {"KAFKA_USERNAME": "adapter", "KAFKA_PASSWORD_FILE": str(tmp_path / "kafka_password"),
+               "KAFKA_CA_FILE": str(tmp_path / "nope.pem")}
+    for build in (kafka_auth.internal_config, kafka_auth.java_internal_options):
+        with pytest.raises(SettingsError, match=r"KAFKA_CA_FILE=.*nope.pem not found .*kafka_brokers_ca.*unset it"):
+            build(environ)
+
+
 def test_without_a_user_there_is_no_login_and_a_user_without_its_password_is_an_error(tmp_path):
     assert kafka_auth.internal_config({}) == {}
     with pytest.raises(SettingsError, match=r"kafka_password not found at .*missing .*KAFKA_PASSWORD_FILE"):
