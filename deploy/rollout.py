@@ -5,8 +5,9 @@ changed file would restart them all at once. The stack role deploys it in stages
 
   stage 0     the new file, every changed stateful service on its deployed definition;
   opening     a node gaining a TLS listener that others will need serves both ways, one per stage: a broker
-              opens BROKER, replicating on INTERNAL; a Cassandra node takes CQL over TLS and clear, and TLS
-              from its peers, sending clear (_serving_both); CQL clients gaining TLS wait for all of these;
+              opens BROKER, replicating on INTERNAL, and SERVICES beside INTERNAL; a Cassandra node takes CQL
+              over TLS and clear, and TLS from its peers, sending clear (_serving_both); CQL and Kafka clients
+              gaining TLS wait for all of these;
   sending     then each Cassandra node gaining TLS between nodes sends it, still taking clear;
   stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
 
@@ -28,7 +29,8 @@ DEPLOYED_SUFFIX = "__deployed"
 TLS_KEYSTORE = "CASSANDRA_TLS_KEYSTORE_FILE"        # a Cassandra node with CQL over TLS
 INTERNODE_TLS = "CASSANDRA_INTERNODE_TLS"           # and between nodes: required, sending or accepting
 CQL_CA = "ADAPTER_CASSANDRA_CA_FILE"                # a CQL client checking nodes against the Cassandra CA
-OPENED = {"kafka": "BROKER opened", "cassandra": "CQL over TLS opened"}
+BROKERS_CA = "kafka_brokers_ca"                     # the secret of a Kafka client on SERVICES (TLS)
+CQL_OPENED = "CQL over TLS opened"
 INTERNODE_OPENED, INTERNODE_SENT = "inter-node TLS accepted", "inter-node TLS sent"
 
 
@@ -124,26 +126,31 @@ def _gains_internode_tls(name: str, deployed: dict, new: dict) -> bool:
             and _internode_tls(new["services"][name]) == "required")
 
 
+def _gains_listener(deployed_service: dict, new_service: dict, listener: str) -> bool:
+    return (f"{listener}://" not in _env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
+            and f"{listener}://" in _env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
+
+
 def _opens(name: str, deployed: dict, new: dict) -> bool:
-    """A node gaining a TLS listener its peers or clients will need: a broker's BROKER, a Cassandra node's CQL
-    over TLS or its TLS between nodes."""
+    """A node gaining a TLS listener its peers or clients will need: a broker's BROKER or SERVICES, a Cassandra
+    node's CQL over TLS or its TLS between nodes."""
     deployed_service, new_service = deployed["services"][name], new["services"][name]
     if name.startswith("kafka-"):
-        return ("BROKER://" not in _env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
-                and "BROKER://" in _env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
+        return any(_gains_listener(deployed_service, new_service, listener) for listener in ("BROKER", "SERVICES"))
     if name.startswith("cassandra-"):
         return _gains_cql_tls(deployed_service, new_service) or _gains_internode_tls(name, deployed, new)
     return False
 
 
 def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
-    """The new definition of an opening or sending node: a broker with BROKER open but replication still on
-    INTERNAL; a Cassandra node taking CQL over TLS and in clear (when it gains CQL over TLS), and between nodes
-    `internode` (when it gains TLS there)."""
+    """The new definition of an opening or sending node: a broker with its new listeners open, replication
+    still on INTERNAL when BROKER is one of them; a Cassandra node taking CQL over TLS and in clear (when it
+    gains CQL over TLS), and between nodes `internode` (when it gains TLS there)."""
     service = new["services"][name]
     opened = copy.deepcopy(service)
     if name.startswith("kafka-"):
-        both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"}
+        gains_broker = _gains_listener(deployed["services"][name], service, "BROKER")
+        both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if gains_broker else {}
     else:
         both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
         if _gains_internode_tls(name, deployed, new):
@@ -152,12 +159,18 @@ def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
     return opened
 
 
-def _cql_clients_gaining_tls(deployed: dict, new: dict) -> list[str]:
-    """Stateless services in both files whose new definition speaks CQL over TLS and whose deployed one not."""
+def _secrets(service: dict) -> set[str]:
+    return {ref["source"] if isinstance(ref, dict) else ref for ref in service.get("secrets") or []}
+
+
+def _clients_gaining_tls(deployed: dict, new: dict, uses_tls) -> list[str]:
+    """Stateless services in both files for whose new definition `uses_tls` holds and for whose deployed one
+    not: CQL over TLS names the Cassandra CA in the environment; Kafka on SERVICES mounts the brokers CA (so
+    MirrorMaker counts, whose settings are in its properties file)."""
     old_services = deployed.get("services") or {}
     return [name for name, service in (new.get("services") or {}).items()
             if name in old_services and not STATEFUL.match(name)
-            and _environment(service).get(CQL_CA) and not _environment(old_services[name]).get(CQL_CA)]
+            and uses_tls(service) and not uses_tls(old_services[name])]
 
 
 def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
@@ -180,7 +193,12 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
     gaining_cql = [name for name in opening if name.startswith("cassandra-")
                    and _gains_cql_tls(deployed["services"][name], new["services"][name])]
-    cql_clients = _cql_clients_gaining_tls(deployed, new) if gaining_cql else []
+    gaining_services = [name for name in opening if name.startswith("kafka-")
+                        and _gains_listener(deployed["services"][name], new["services"][name], "SERVICES")]
+    waiting = set(_clients_gaining_tls(deployed, new, lambda s: bool(_environment(s).get(CQL_CA)))
+                  if gaining_cql else [])
+    waiting |= set(_clients_gaining_tls(deployed, new, lambda s: BROKERS_CA in _secrets(s))
+                   if gaining_services else [])
 
     def stage_text(rolled: list[str], opened: list[str], sent: list[str], clients_new: bool) -> str:
         stage = copy.deepcopy(new)
@@ -194,7 +212,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
             else:
                 stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
         if not clients_new:
-            for name in cql_clients:
+            for name in sorted(waiting):
                 stage["services"][name] = _kept(deployed, deployed["services"][name], stage)
         for kind in ("volumes", "networks"):            # a kept definition may use what the new file dropped
             for key, value in (deployed.get(kind) or {}).items():
@@ -202,8 +220,11 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
         return yaml.safe_dump(stage, sort_keys=False, default_flow_style=False)
 
     def opened_label(name: str) -> str:
-        kind = STATEFUL.match(name).group(1)
-        return OPENED[kind] if kind == "kafka" or name in gaining_cql else INTERNODE_OPENED
+        if name.startswith("kafka-"):
+            gained = [listener for listener in ("BROKER", "SERVICES")
+                      if _gains_listener(deployed["services"][name], new["services"][name], listener)]
+            return " and ".join(gained) + " opened"
+        return CQL_OPENED if name in gaining_cql else INTERNODE_OPENED
 
     cql_tls = not gaining_cql
     stages = [{"service": "", "node": "", "text": stage_text([], [], [], False), "cassandra_tls": cql_tls}]

@@ -129,7 +129,10 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "mqtt_nodes": (mqtt_nodes := _flags(hostvars, hosts, "mqtt_node", "Mosquitto", site_alias)
                        if tier == "edge" else []),
         "mqtt_addresses": [_address(hostvars, h) for h in mqtt_nodes],
+        # INTERNAL (9092, SCRAM in clear): the deployment's tools; SERVICES (9095, SCRAM inside TLS, the
+        # brokers CA): the site's services, so readings cross the site's LAN in TLS only.
         "kafka_bootstrap_internal": ",".join(f"kafka-{k['id']}:9092" for k in topology["kafka"]),
+        "kafka_bootstrap_services": ",".join(f"kafka-{k['id']}:9095" for k in topology["kafka"]),
         # Brokers whose replicas move to the others (the topics role); they run until their host leaves.
         "kafka_retiring": (retiring := _retiring(hostvars, hosts, topology["kafka"], site_alias)),
         "kafka_serving": [k["id"] for k in topology["kafka"] if k["id"] not in retiring],

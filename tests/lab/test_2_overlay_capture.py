@@ -1,10 +1,11 @@
 """What a site's nodes send each other across the LAN, captured there (issue 30): the Swarm overlay's VXLAN
 packets (udp 4789) in the network namespace of site-a's second node, while a device's readings flow, each
-reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093), the adapter's writes to
+reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093), the services' Kafka
+traffic (SERVICES, 9095: the bridge's writes, the adapter's and the jobs' reads), the adapter's writes to
 Cassandra (CQL over TLS, 9042) and the bridge's reads from Mosquitto (MQTT over TLS, 1883) must carry none of
 them in clear. So that a clean capture is the encryption's doing, not a blind capture's, the test sends the
-marker in clear itself, from a container on another node to kafka-2's INTERNAL listener (9092, which
-docs/security.md lists as not encrypted yet), and the capture must find it there."""
+marker in clear itself, from a container on another node to kafka-2's INTERNAL listener (9092, left to the
+deployment's tools and not encrypted yet, docs/security.md), and the capture must find it there."""
 from __future__ import annotations
 
 import uuid
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.smoke     # scripts/test runs this module in its lab sm
 SITE = "site-a"
 READINGS = 2_000
 CAPTURE_S = 75.0            # the registration and the publishing take 20-60 s on a loaded lab
-BROKER, INTERNAL, MQTT_OVERLAY, CQL = 9093, 9092, 1883, 9042
+BROKER, INTERNAL, SERVICES, MQTT_OVERLAY, CQL = 9093, 9092, 9095, 1883, 9042
 
 
 # Run in a container on another node: the marker in clear to kafka-2's INTERNAL listener, across the LAN.
@@ -59,6 +60,8 @@ def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts)
     print(summary)
     assert seen.packets(BROKER) > 0, f"no replication traffic crossed the LAN on BROKER: {summary}"
     assert seen.in_clear(BROKER) == 0, f"readings crossed the LAN in clear on BROKER: {summary}"
+    assert seen.packets(SERVICES) > 0, f"no services' Kafka traffic crossed the LAN on SERVICES: {summary}"
+    assert seen.in_clear(SERVICES) == 0, f"readings crossed the LAN in clear on SERVICES: {summary}"
     assert seen.packets(CQL) > 0, f"no CQL traffic crossed the LAN: {summary}"
     assert seen.in_clear(CQL) == 0, f"readings crossed the LAN in clear on CQL: {summary}"
     assert seen.packets(MQTT_OVERLAY) > 0, f"no MQTT traffic crossed the LAN to the bridge: {summary}"

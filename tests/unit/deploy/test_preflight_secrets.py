@@ -166,7 +166,8 @@ def test_notifier_reads_the_webhook_url_from_a_hashed_swarm_secret():
     assert notifier["environment"]["WEBHOOK_URL_FILE"] == "/run/secrets/notifier_webhook_url"
     assert "WEBHOOK_URL" not in notifier["environment"]
     assert notifier["secrets"] == ["notifier_webhook_url", "spark_auth_secret",     # cluster mode: Spark RPC too
-                                   {"source": "kafka_password_notifier", "target": "kafka_password"}]
+                                   {"source": "kafka_password_notifier", "target": "kafka_password"},
+                                   {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"}]
     name = stack["secrets"]["notifier_webhook_url"]["name"]
     assert name.startswith("datacenter_notifier_webhook_url_") and len(name.rsplit("_", 1)[1]) == 12
     # Only the notifier sees the webhook URL.

@@ -56,8 +56,12 @@ def test_mirrormaker_reads_every_site_over_sasl_ssl_as_the_relay():
         # The relay's client certificate, which the sites' EXTERNAL listeners ask for (mutual TLS).
         assert props[f"{site}.ssl.keystore.type"] == "PEM"
         assert props[f"{site}.ssl.keystore.location"] == "/run/secrets/kafka_relay_keystore.pem"
-    # The datacenter's own cluster is reached on its overlay (INTERNAL), as MirrorMaker's own principal.
-    assert props["datacenter.security.protocol"] == "SASL_PLAINTEXT"
+    # The datacenter's own cluster is reached on its overlay (SERVICES: SCRAM inside TLS, the brokers' certificates
+    # checked against the datacenter's brokers CA), as MirrorMaker's own principal.
+    assert props["datacenter.bootstrap.servers"].split(",")[0] == "kafka-1:9095"
+    assert props["datacenter.security.protocol"] == "SASL_SSL"
+    assert props["datacenter.ssl.truststore.type"] == "PEM"
+    assert props["datacenter.ssl.truststore.location"] == "/run/secrets/kafka_brokers_ca.pem"
     assert props["datacenter.sasl.mechanism"] == "SCRAM-SHA-512"
     assert 'username="mirrormaker" password="mirrormaker-password-0123456789"' in \
         _java_properties_value("x = " + props["datacenter.sasl.jaas.config"])

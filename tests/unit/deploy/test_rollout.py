@@ -87,17 +87,76 @@ def test_zookeeper_quorum_and_leader_from_srvr(lines, nodes, quorum, leader):
     assert zookeeper_leader(lines) == leader
 
 
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+KAFKA_CLIENTS = ("bridge", "mosquitto-agent", "cassandra-adapter", "threshold-detector")
+
+
+def without_services(stack: dict) -> dict:
+    """A site's stack as deployed before the SERVICES listener: the brokers without it, the clients logging in
+    to INTERNAL in clear (no brokers CA, bootstrap on 9092; MirrorMaker's login is in its properties file, its
+    brokers CA the one sign of it in the stack)."""
+    for name in BROKERS:
+        env = stack["services"][name]["environment"]
+        env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(f",SERVICES://{name}:9095", "")
+    clients = [name for name, service in stack["services"].items() if not name.startswith("kafka-")
+               and {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"} in service.get("secrets", [])]
+    for name in clients:
+        service = stack["services"][name]
+        env = service["environment"]
+        env.pop("KAFKA_CA_FILE", None)
+        for key, value in env.items():
+            if "BOOTSTRAP" in key:
+                env[key] = value.replace(":9095", ":9092")
+        service["secrets"] = [s for s in service["secrets"] if "kafka_brokers_ca" not in str(s)]
+    return stack
+
+
+def test_brokers_open_services_before_any_client_moves_onto_it(topology):
+    """A site deployed before the SERVICES listener (issue 30): a client on SERVICES could reach no broker
+    without it, so every broker first opens SERVICES beside INTERNAL, one per stage, while the clients stay as
+    deployed; they move in the first stage after, and the brokers, already on their new definition, do not
+    restart again."""
+    before = without_services(render("edge", topology, ids=image_ids()))
+    after = render("edge", topology, ids=image_ids())
+    planned = stages(before, after)
+    assert [s["service"] for s in planned] == [
+        "", "kafka-1 (SERVICES opened)", "kafka-2 (SERVICES opened)", "kafka-3 (SERVICES opened)",
+        "kafka-1", "kafka-2", "kafka-3"]
+    for index, stage in enumerate(planned):
+        services = stage["stack"]["services"]
+        opened = [name for name in BROKERS if services[name] == after["services"][name]]
+        assert opened == list(BROKERS[:min(index, 3)]), (index, opened)
+        clients = {name: services[name] == after["services"][name] for name in KAFKA_CLIENTS}
+        assert clients == dict.fromkeys(KAFKA_CLIENTS, index >= 4), (index, clients)
+        assert services["mosquitto"] == after["services"]["mosquitto"]      # the rest changes in stage 0
+    assert planned[-1]["stack"]["services"] == after["services"]
+
+
+def test_the_datacenters_mirrormaker_waits_for_services_too():
+    """MirrorMaker's login to its own cluster is in its properties file, not its environment: the brokers CA it
+    gains holds it back with the other clients (it would otherwise fail to write to the datacenter's brokers
+    until they opened SERVICES)."""
+    hostvars, groups = load_inventory(REPO / "inventory.example")
+    datacenter = site_topology(hostvars, groups["datacenter"], "datacenter", "datacenter")
+    before = without_services(render("datacenter", datacenter, ids=image_ids()))
+    after = render("datacenter", datacenter, ids=image_ids())
+    planned = stages(before, after)
+    brokers = [f"kafka-{k['id']}" for k in datacenter["kafka"]]
+    assert [s["service"] for s in planned] == ["", *(f"{b} (SERVICES opened)" for b in brokers), *brokers]
+    moved = [stage["stack"]["services"]["mirrormaker"] == after["services"]["mirrormaker"] for stage in planned]
+    assert moved == [False] * (1 + len(brokers)) + [True] * len(brokers)
+
+
 def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
     """A site deployed before the BROKER listener (issue 30): a broker replicating on BROKER could fetch from no
     broker without it, so every broker first opens BROKER with replication still on INTERNAL, one per stage,
     and only then does each move onto it (found in the lab: the gate waited on under-replicated partitions)."""
-    before = render("edge", topology, ids=image_ids())
+    before, after = (without_services(render("edge", topology, ids=image_ids())) for _ in range(2))
     for name in ("kafka-1", "kafka-2", "kafka-3"):
         env = before["services"][name]["environment"]
         env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(
             f"BROKER://{name}:9093,", "")
         del env["KAFKA_BROKER_KEYSTORE_FILE"], env["KAFKA_BROKER_CA_FILE"]
-    after = render("edge", topology, ids=image_ids())
     planned = stages(before, after)
     assert [s["service"] for s in planned] == [
         "", "kafka-1 (BROKER opened)", "kafka-2 (BROKER opened)", "kafka-3 (BROKER opened)",
@@ -118,7 +177,7 @@ def test_brokers_open_broker_before_any_moves_its_replication_onto_it(topology):
         ["new", "opened", "opened"], ["new", "new", "opened"], ["new", "new", "new"]]
     assert planned[-1]["stack"]["services"] == after["services"]
     # A site that has BROKER already rolls its brokers once each, as before.
-    rebuilt = render("edge", topology, ids=image_ids(kafka="v2"))
+    rebuilt = without_services(render("edge", topology, ids=image_ids(kafka="v2")))
     assert [s["service"] for s in stages(after, rebuilt)][1:4] == ["zookeeper-1", "zookeeper-2", "zookeeper-3"]
     assert not any("opened" in s["service"] for s in stages(after, rebuilt))
 

@@ -102,7 +102,7 @@ def test_every_acl_is_one_iot_kafka_access_accepts():
         assert len(kafka_access.parse_acls(json.dumps(acls))) == len(acls) > 0
 
 
-def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
+def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal_inside_tls():
     from tooling.testbed.stack_render import render
     hostvars, groups = load_inventory(REPO / "inventory.example")
     for group, tier, alias in (("site_a", "edge", "site-a"), ("datacenter", "datacenter", "datacenter")):
@@ -116,6 +116,11 @@ def test_every_kafka_client_in_the_stacks_logs_in_as_its_own_principal():
             user = service["environment"]["KAFKA_USERNAME"]
             assert service["environment"]["KAFKA_PASSWORD_FILE"] == "/run/secrets/kafka_password", name
             assert {"source": f"kafka_password_{user}", "target": "kafka_password"} in service["secrets"], name
+            # Inside TLS, on SERVICES: the brokers' certificates checked against the site's brokers CA.
+            bootstrap = next(value for key, value in service["environment"].items() if "BOOTSTRAP" in key)
+            assert {address.split(":")[1] for address in bootstrap.split(",")} == {"9095"}, (name, bootstrap)
+            assert service["environment"]["KAFKA_CA_FILE"] == "/run/secrets/kafka_brokers_ca.pem", name
+            assert {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"} in service["secrets"], name
             users.append(user)
         assert len(set(users)) == len(users), users          # no two services share a principal
         for name in (n for n in services if n.startswith("kafka-")):

@@ -188,7 +188,7 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
             assert service["healthcheck"]["start_period"] == "1800s"
     kafka = services["kafka-2"]["environment"]
     assert kafka["KAFKA_ADVERTISED_LISTENERS"] == \
-        "INTERNAL://kafka-2:9092,BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094"
+        "INTERNAL://kafka-2:9092,BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094,SERVICES://kafka-2:9095"
     # BROKER (the brokers' replication, mutual TLS): this broker's own keystore and the site's brokers CA.
     assert {(kafka["KAFKA_BROKER_KEYSTORE_FILE"], kafka["KAFKA_BROKER_CA_FILE"])} == \
         {("/run/secrets/kafka_broker_keystore.pem", "/run/secrets/kafka_brokers_ca.pem")}

@@ -304,7 +304,8 @@ def test_adapter_logs_in_with_its_own_role_and_secret(tier):
     assert adapter["environment"]["ADAPTER_CASSANDRA_USERNAME"] == role == node["environment"]["CASSANDRA_ADAPTER_ROLE"]
     assert adapter["secrets"] == ["cassandra_adapter_password",      # not the superuser's password
                                   {"source": "cassandra_ca", "target": "cassandra_ca.pem"},   # CQL over TLS
-                                  {"source": "kafka_password_adapter", "target": "kafka_password"}]
+                                  {"source": "kafka_password_adapter", "target": "kafka_password"},
+                                  {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"}]   # Kafka over TLS
     assert adapter["environment"]["CASSANDRA_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
     assert adapter["environment"]["ADAPTER_KEYSPACE"] == node["environment"]["CASSANDRA_ADAPTER_KEYSPACE"]
     assert [s for s in node["secrets"] if isinstance(s, str)] == ["cassandra_password", "cassandra_adapter_password"]
