@@ -24,7 +24,8 @@ from services.common import settings
 MECHANISM = "SCRAM-SHA-512"
 # The login on INTERNAL, as Options (the Spark jobs list them among their settings, spark/README.md).
 USERNAME = settings.Option("kafka_username", "KAFKA_USERNAME", "",
-                           "this program's Kafka user on INTERNAL (SCRAM-SHA-512; empty: no login)")
+                           "this program's Kafka user on its site's overlay (SCRAM-SHA-512, inside TLS with "
+                           "KAFKA_CA_FILE; empty: no login)")
 PASSWORD = settings.Option("kafka_password", secret=True, required=True, help="password of KAFKA_USERNAME")
 CA_FILE = settings.Option("kafka_ca_file", "KAFKA_CA_FILE", "",
                           "the site's brokers CA (PEM): the login goes over TLS (SERVICES listener); empty: in clear")
