@@ -126,19 +126,24 @@ def _gains_internode_tls(name: str, deployed: dict, new: dict) -> bool:
             and _internode_tls(new["services"][name]) == "required")
 
 
-def _gains_listener(deployed_service: dict, new_service: dict, listener: str) -> bool:
-    return (f"{listener}://" not in _env(deployed_service, "KAFKA_ADVERTISED_LISTENERS")
-            and f"{listener}://" in _env(new_service, "KAFKA_ADVERTISED_LISTENERS"))
+def _gained_listeners(name: str, deployed: dict, new: dict) -> list[str]:
+    """The TLS listeners a broker advertises in `new` and not in `deployed`: BROKER, SERVICES or both."""
+    if not name.startswith("kafka-"):
+        return []
+    before = _env(deployed["services"][name], "KAFKA_ADVERTISED_LISTENERS")
+    after = _env(new["services"][name], "KAFKA_ADVERTISED_LISTENERS")
+    return [listener for listener in ("BROKER", "SERVICES")
+            if f"{listener}://" not in before and f"{listener}://" in after]
 
 
 def _opens(name: str, deployed: dict, new: dict) -> bool:
     """A node gaining a TLS listener its peers or clients will need: a broker's BROKER or SERVICES, a Cassandra
     node's CQL over TLS or its TLS between nodes."""
-    deployed_service, new_service = deployed["services"][name], new["services"][name]
     if name.startswith("kafka-"):
-        return any(_gains_listener(deployed_service, new_service, listener) for listener in ("BROKER", "SERVICES"))
+        return bool(_gained_listeners(name, deployed, new))
     if name.startswith("cassandra-"):
-        return _gains_cql_tls(deployed_service, new_service) or _gains_internode_tls(name, deployed, new)
+        return (_gains_cql_tls(deployed["services"][name], new["services"][name])
+                or _gains_internode_tls(name, deployed, new))
     return False
 
 
@@ -149,7 +154,7 @@ def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
     service = new["services"][name]
     opened = copy.deepcopy(service)
     if name.startswith("kafka-"):
-        gains_broker = _gains_listener(deployed["services"][name], service, "BROKER")
+        gains_broker = "BROKER" in _gained_listeners(name, deployed, new)
         both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if gains_broker else {}
     else:
         both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
@@ -193,8 +198,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
     gaining_cql = [name for name in opening if name.startswith("cassandra-")
                    and _gains_cql_tls(deployed["services"][name], new["services"][name])]
-    gaining_services = [name for name in opening if name.startswith("kafka-")
-                        and _gains_listener(deployed["services"][name], new["services"][name], "SERVICES")]
+    gaining_services = [name for name in opening if "SERVICES" in _gained_listeners(name, deployed, new)]
     waiting = set(_clients_gaining_tls(deployed, new, lambda s: bool(_environment(s).get(CQL_CA)))
                   if gaining_cql else [])
     waiting |= set(_clients_gaining_tls(deployed, new, lambda s: BROKERS_CA in _secrets(s))
@@ -221,9 +225,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
 
     def opened_label(name: str) -> str:
         if name.startswith("kafka-"):
-            gained = [listener for listener in ("BROKER", "SERVICES")
-                      if _gains_listener(deployed["services"][name], new["services"][name], listener)]
-            return " and ".join(gained) + " opened"
+            return " and ".join(_gained_listeners(name, deployed, new)) + " opened"
         return CQL_OPENED if name in gaining_cql else INTERNODE_OPENED
 
     cql_tls = not gaining_cql
