@@ -11,7 +11,9 @@ the baseline (poll one record, INSERT it with session.execute, next); it prints 
 and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
 baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
 device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead; with
---tls-cost, the adapter's rows/s with CQL over TLS and in clear on one node, and their ratio. Method,
+--tls-cost, the adapter's rows/s inside TLS on both of its links, as deployed (Kafka's SERVICES listener
+with the brokers CA, CQL over TLS), against both in clear (a second, plaintext broker holding the same
+readings; the same Cassandra node in clear), and their ratio. Method,
 figures and why the warm-up: docs/development.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--paced", type=int, default=0, metavar="RATE",
                    help="measure latency at RATE readings/s instead of draining a backlog")
     p.add_argument("--tls-cost", action="store_true",
-                   help="the adapter with CQL over TLS against CQL in clear, on one node, instead of the baseline")
+                   help="the adapter inside TLS (Kafka SERVICES, CQL) against both in clear, instead of the baseline")
     p.add_argument("--seconds", type=float, default=30.0, help="with --paced: seconds each writer is measured (30)")
     args = p.parse_args(argv)
     if args.paced < 0 or args.seconds <= 0:
@@ -50,11 +52,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _produce(bootstrap: str, records: int, sensors: int) -> tuple[int, int]:
-    """Readings with distinct (sensor, timestamp); returns the first and last event time."""
+def _produce(client: dict, records: int, sensors: int) -> tuple[int, int]:
+    """Readings with distinct (sensor, timestamp), written with the host client settings `client`; returns
+    the first and last event time."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+    producer = Producer({**client, "linger.ms": 20, "batch.num.messages": 10000,
                          "queue.buffering.max.messages": 200_000})
     start = int(time.time() * 1000) - records
     for i in range(records):
@@ -220,8 +223,16 @@ def _start_adapter(bootstrap: str, cql_port: int, window: int, keyspace: str, ca
 
 
 def _run_adapter(bootstrap: str, cql_port: int, args: argparse.Namespace, keyspace: str,
-                 stage: str = "adapter", ca_file: str = "") -> tuple[float, bool]:
-    adapter, thread, stop = _start_adapter(bootstrap, cql_port, args.window, keyspace, ca_file)
+                 stage: str = "adapter", ca_file: str = "", login: dict[str, str] | None = None) -> tuple[float, bool]:
+    """One drain; `login`: the KAFKA_* variables of its Kafka login (tooling.testbed.kafka_cluster)."""
+    from tooling.testbed.kafka_cluster import login_environment
+
+    with login_environment(login or {}):     # the adapter opens its Kafka clients in its thread, as it starts
+        adapter, thread, stop = _start_adapter(bootstrap, cql_port, args.window, keyspace, ca_file)
+        return _drain(adapter, thread, stop, stage, args)
+
+
+def _drain(adapter, thread, stop, stage: str, args: argparse.Namespace) -> tuple[float, bool]:
     try:
         # In flight near --window means Cassandra is the limit; far below it, this process's CPU is.
         return _measure(stage, lambda: adapter.written, args.records, args.phase_timeout,
@@ -311,32 +322,38 @@ def _count(session, keyspace: str, sensors: int, span: tuple[int, int]) -> int:
                for s in range(sensors) for day in days)
 
 
-def _tls_cost_main(args: argparse.Namespace, kafka, node) -> int:
-    """The adapter's drain rate with CQL over TLS against CQL in clear, on the same node (issue 30's cost
-    target: TLS keeps at least 80 %). Each way drains twice, in the order clear, TLS, TLS, clear, so that the
-    node warming up or compacting favours neither."""
-    span = _produce(kafka.external, args.records, args.sensors)
+def _tls_cost_main(args: argparse.Namespace, kafka, secure, node) -> int:
+    """The adapter's drain rate inside TLS (Kafka's SERVICES from `secure`, CQL over TLS) against both links
+    in clear (`kafka`, plaintext; CQL in clear), on the same Cassandra node (issue 30's cost target: TLS keeps
+    at least 80 %). Each way drains twice, in the order clear, TLS, TLS, clear, so that the node warming up or
+    compacting favours neither."""
+    from tooling.testbed.kafka_cluster import services_login
+
+    span = _produce(kafka.client(), args.records, args.sensors)
+    secure_span = _produce(secure.client(), args.records, args.sensors)
     _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")
     rates: dict[str, list[float]] = {"clear": [], "tls": []}
     complete = True
     for i, way in enumerate(("clear", "tls", "tls", "clear")):
-        rate, all_rows = _run_adapter(kafka.external, node.host_port, args, f"bench_{way}_{i}", f"{way} #{i + 1}",
-                                      node.ca_file if way == "tls" else "")
+        tls = way == "tls"
+        rate, all_rows = _run_adapter(secure.services_host if tls else kafka.external, node.host_port, args,
+                                      f"bench_{way}_{i}", f"{way} #{i + 1}", node.ca_file if tls else "",
+                                      services_login(secure) if tls else None)
         rates[way].append(rate)
         complete = complete and all_rows
     session = node.session(timeout=60)
     try:
         progress.log("verify", "counting rows", force=True)
-        counts = [_count(session, f"bench_{way}_{i}", args.sensors, span)
+        counts = [_count(session, f"bench_{way}_{i}", args.sensors, secure_span if way == "tls" else span)
                   for i, way in enumerate(("clear", "tls", "tls", "clear"))]
     finally:
         session.cluster.shutdown()
     clear, tls = (sum(rates[way]) / 2 for way in ("clear", "tls"))
     print(f"records produced:            {args.records:,} ({args.sensors} sensors, {args.partitions} partitions)")
     runs = {way: ", ".join(f"{rate:,.0f}" for rate in rates[way]) for way in rates}
-    print(f"adapter, CQL in clear:       {clear:>10,.0f} rows/s   (runs: {runs['clear']})")
-    print(f"adapter, CQL over TLS:       {tls:>10,.0f} rows/s   (runs: {runs['tls']})")
-    print(f"ratio TLS/clear:             {tls / clear if clear else 0:>10.2f}    (target >= 0.80)")
+    print(f"adapter, Kafka and CQL in clear:  {clear:>10,.0f} rows/s   (runs: {runs['clear']})")
+    print(f"adapter, Kafka and CQL over TLS:  {tls:>10,.0f} rows/s   (runs: {runs['tls']})")
+    print(f"ratio TLS/clear:                  {tls / clear if clear else 0:>10.2f}    (target >= 0.80)")
     ok = complete and counts == [args.records] * 4
     if not ok:
         print(f"row count check FAILED: each drain must write exactly --records rows, got {counts}", file=sys.stderr)
@@ -362,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.paced:
             return _paced_main(args, kafka, node)
         if args.tls_cost:
-            return _tls_cost_main(args, kafka, node)
-        span = _produce(kafka.external, args.records, args.sensors)
+            secure = start_kafka_cluster(lab, prefix="tls-", operator=("operator", "bench-operator-pw"),
+                                         services_on_host=True)
+            create_topics(secure, TOPIC, partitions=args.partitions)
+            return _tls_cost_main(args, kafka, secure, node)
+        span = _produce(kafka.client(), args.records, args.sensors)
 
         warmup_rate, _ = _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")
         adapter_rate, adapter_all = _run_adapter(kafka.external, node.host_port, args, "bench_adapter")

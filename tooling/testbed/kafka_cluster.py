@@ -10,8 +10,10 @@ principal and the admin's, which the broker writes into ZooKeeper as it starts; 
 SCRAM user. All three are super users."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import os
 import subprocess
 import tempfile
 import uuid
@@ -41,6 +43,7 @@ class KafkaCluster:
     operator: tuple[str, str] = field(default=("", ""))    # secure clusters: the super user's name and password
     admin: tuple[str, str] = field(default=("", ""))       # secure clusters: the admin tools' login on INTERNAL
     pki: str = ""                                          # secure clusters: make_pki's directory
+    services_host: str = ""                                # services_on_host: SERVICES' bootstrap on the host
 
     @property
     def services(self) -> str:
@@ -79,7 +82,7 @@ def make_pki(directory: Path, broker: str) -> Path:
                        (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName(broker)))
     broker_key, broker_cert = certs.issue(brokers_ca, "kafka-broker",
                                      (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
-                                     (x509.DNSName(broker),))
+                                     (x509.DNSName(broker), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))))
     ca_pem, clients_ca_pem = ca[1].public_bytes(pem), clients_ca[1].public_bytes(pem)
     brokers_ca_pem = brokers_ca[1].public_bytes(pem)
     files = {"ca.crt": ca_pem, "clients-ca.crt": clients_ca_pem, "brokers-ca.crt": brokers_ca_pem,
@@ -98,12 +101,15 @@ def make_pki(directory: Path, broker: str) -> Path:
 
 def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None,
                         zookeeper_env: dict[str, str] | None = None, broker_env: dict[str, str] | None = None,
-                        broker_memory: str = "1g") -> KafkaCluster:
+                        broker_memory: str = "1g", services_on_host: bool = False) -> KafkaCluster:
     """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'; with `operator`
     (user, password) EXTERNAL is secured as at a site and that user is its super user. `zookeeper_env` and
-    `broker_env` add to each one's environment (a site's heaps and JVM options: tooling.testbed.pipeline)."""
+    `broker_env` add to each one's environment (a site's heaps and JVM options: tooling.testbed.pipeline).
+    `services_on_host` (secure clusters, benchmarks): SERVICES is published and advertised on 127.0.0.1, so
+    that a client on the host takes the services' path, TLS with the brokers CA, as deployed."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
+    services_port = free_port() if services_on_host else 0
     pki = Path(tempfile.mkdtemp(prefix="kafka-pki-")) if operator else None
     if pki:
         # The site's ZooKeeper password: ZooKeeper knows it, the broker logs in with it (zookeeper_jaas).
@@ -118,7 +124,9 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_BROKER_ID": "1",
         "KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2181",
         "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://{broker}:9092,EXTERNAL://127.0.0.1:{port}"
-                                      + (f",BROKER://{broker}:9093,SERVICES://{broker}:9095" if operator else ""),
+                                      + (f",BROKER://{broker}:9093,SERVICES://"
+                                         + (f"127.0.0.1:{services_port}" if services_port else f"{broker}:9095")
+                                         if operator else ""),
         # A single broker cannot hold three replicas of the internal topics.
         "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
         "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
@@ -147,10 +155,11 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
-    lab.run("kafka", broker, "kafka", memory=broker_memory, ports={port: 9094}, env=env | (broker_env or {}),
+    ports = {port: 9094} | ({services_port: 9095} if services_port else {})
+    lab.run("kafka", broker, "kafka", memory=broker_memory, ports=ports, env=env | (broker_env or {}),
             volumes=volumes)
     cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin,
-                           str(pki or ""))
+                           str(pki or ""), f"127.0.0.1:{services_port}" if services_port else "")
 
     def broker_registered() -> bool:
         metadata = AdminClient(cluster.client()).list_topics(timeout=5)
@@ -180,6 +189,32 @@ def _add_scram_user(lab: Lab, zk: str, user: str, password: str) -> None:
         return result.returncode == 0
 
     wait_until(f"SCRAM user {user} in {zk}", added, timeout=120, interval=2, on_timeout=lambda: lab.logs(zk))
+
+
+def services_login(cluster: KafkaCluster) -> dict[str, str]:
+    """KAFKA_* variables of the super user's login on a secure cluster's SERVICES, as the stack gives a
+    service (KAFKA_USERNAME, KAFKA_PASSWORD_FILE, KAFKA_CA_FILE = the brokers CA): for login_environment."""
+    password = Path(cluster.pki) / "operator.password"
+    password.write_text(cluster.operator[1] + "\n")
+    return {kafka_auth.USERNAME_ENV: cluster.operator[0],
+            f"{kafka_auth.PASSWORD_SECRET.upper()}_FILE": str(password),
+            kafka_auth.CA_FILE.env: f"{cluster.pki}/brokers-ca.crt"}
+
+
+@contextlib.contextmanager
+def login_environment(variables: dict[str, str]):
+    """This process's environment holds exactly `variables` of the service's Kafka login while a service
+    built in it reads them (kafka_auth.internal_config); {} for none, a plaintext cluster."""
+    keys = (kafka_auth.USERNAME_ENV, f"{kafka_auth.PASSWORD_SECRET.upper()}_FILE", kafka_auth.CA_FILE.env)
+    saved = {key: os.environ.pop(key, None) for key in keys}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
 
 
 def create_topics(cluster: KafkaCluster, *names: str, partitions: int = 3, config: dict | None = None) -> None:
