@@ -1,8 +1,6 @@
 """Benchmark: the Cassandra adapter versus one synchronous INSERT per record (the thesis adapter).
 
-    python -m tooling.bench.adapter [--records 200000] [--sensors 200]
-    python -m tooling.bench.adapter --paced 1000 [--seconds 30]
-    python -m tooling.bench.adapter --tls-cost [--records 200000]
+    python -m tooling.bench.adapter [--records 200000] [--sensors 200] [--paced 1000 | --tls-cost]
 
 Starts one Kafka broker and one Cassandra node from the project's images (lab network and loopback only) and
 produces the same readings for both. Without --paced it drains them three times in the same run: a warm-up
@@ -11,10 +9,9 @@ the baseline (poll one record, INSERT it with session.execute, next); it prints 
 and checks that each keyspace holds exactly the produced number of rows. Every phase is bounded in time; a
 baseline cut short by --phase-timeout still yields its rate (and says so). With --paced RATE it prints
 device-to-stored latency (the row's WRITETIME - the reading's time) and the writer's CPU instead; with
---tls-cost, the adapter's rows/s inside TLS on both of its links, as deployed (Kafka's SERVICES listener
-with the brokers CA, CQL over TLS), against both in clear (a second, plaintext broker holding the same
-readings; the same Cassandra node in clear), and their ratio. Method,
-figures and why the warm-up: docs/development.md, "Benchmarks" ("The adapter").
+--tls-cost, its rows/s inside TLS on both links as deployed (Kafka's SERVICES, CQL over TLS) against both
+in clear (a plaintext broker with the same readings), and the ratio. Method, figures and why the warm-up:
+docs/development.md, "Benchmarks" ("The adapter").
 """
 from __future__ import annotations
 

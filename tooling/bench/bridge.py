@@ -6,11 +6,10 @@ and versus the same bridge on paho-mqtt, two ways (tooling.bench.paho_bridge).
 One run, same brokers, same input: Mosquitto queues the same N messages for every bridge's persistent
 session, then each bridge is started alone and timed until all N are in Kafka (late ack: and acked); the
 records are read back and counted, total and distinct, so "nothing lost" is checked rather than assumed.
-Every bridge runs as deployed, inside TLS on both of its links: it reads Mosquitto's services listener and
-writes Kafka's SERVICES listener (SCRAM, the brokers CA) with the deployed settings (kafka_auth). "late-clear"
-is the late-ack bridge with both links in clear (a plaintext MQTT listener the bench adds, 1884, and a second,
-plaintext Kafka broker), which prices TLS on the bridge's links. Afterwards the same messages are published
-again over the devices' TLS listener to price the devices' leg.
+Every bridge runs as deployed, inside TLS on both links (Mosquitto's services listener; Kafka's SERVICES
+with the deployed settings, kafka_auth); "late-clear" has both in clear (a plaintext MQTT listener the bench
+adds, 1884, and a plaintext broker), which prices TLS on the bridge's links. Afterwards the same messages
+are published again over the devices' TLS listener to price the devices' leg.
 Everything stays on this machine (containers on a fresh lab network; the bridges in this process). Figures
 are indicative: a 2-core machine, shared with whatever else is running. Method: docs/operations.md,
 "Benchmarks" ("The bridge"); figures and the paho rule: docs/architecture.md, step 2.
