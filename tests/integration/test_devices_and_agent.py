@@ -356,6 +356,9 @@ def test_certificate_devices_are_registered_without_a_password(site, tmp_path):
 
 def test_the_agent_exports_mosquittos_figures(site):
     [counted] = iot_devices(site, "add", "site-a-counted-1")
+    # A sync age of 0 read before the agent has even seen the add is stale (a CI run on a slow machine got
+    # the new device refused, 135, after it): the device's own login shows the change arrived.
+    wait_login(site, "site-a-counted-1", counted["password"], 0)
     wait_until("stats after the change", lambda: site["agent"].metrics().get("mosquitto_agent_sync_age_seconds")
                == 0, timeout=SYNC_S)
     figures = site["agent"].metrics()
