@@ -11,7 +11,7 @@ with the deployed settings, kafka_auth); "late-clear" has both in clear (a plain
 adds, 1884, and a plaintext broker), which prices TLS on the bridge's links. Afterwards the same messages
 are published again over the devices' TLS listener to price the devices' leg.
 Everything stays on this machine (containers on a fresh lab network; the bridges in this process). Figures
-are indicative: a 2-core machine, shared with whatever else is running. Method: docs/operations.md,
+are indicative: a 2-core machine, shared with whatever else is running. Method: docs/development.md,
 "Benchmarks" ("The bridge"); figures and the paho rule: docs/architecture.md, step 2.
 """
 from __future__ import annotations
