@@ -329,13 +329,14 @@ def _tls_cost_main(args: argparse.Namespace, kafka, secure, node) -> int:
     span = _produce(kafka.client(), args.records, args.sensors)
     secure_span = _produce(secure.client(), args.records, args.sensors)
     _run_adapter(kafka.external, node.host_port, args, "bench_warmup", "warm-up")
+    tls_login = services_login(secure)
     rates: dict[str, list[float]] = {"clear": [], "tls": []}
     complete = True
     for i, way in enumerate(("clear", "tls", "tls", "clear")):
         tls = way == "tls"
         rate, all_rows = _run_adapter(secure.services_host if tls else kafka.external, node.host_port, args,
                                       f"bench_{way}_{i}", f"{way} #{i + 1}", node.ca_file if tls else "",
-                                      services_login(secure) if tls else None)
+                                      tls_login if tls else None)
         rates[way].append(rate)
         complete = complete and all_rows
     session = node.session(timeout=60)

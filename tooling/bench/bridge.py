@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         secure = start_kafka_cluster(lab, prefix="tls-", operator=OPERATOR, services_on_host=True)
         clear = start_kafka_cluster(lab, prefix="clear-")
         kafka = {v: clear if v == "late-clear" else secure for v in VARIANTS}
-        login = {v: {} if v == "late-clear" else services_login(secure) for v in VARIANTS}
+        tls_login = services_login(secure)
+        login = {v: {} if v == "late-clear" else tls_login for v in VARIANTS}
         for cluster in (secure, clear):
             create_topics(cluster, *(f"bench-{v}" for v in VARIANTS), partitions=PARTITIONS)
         wait_until("mosquitto", lambda: _subscribe_session(mqtt_host, "late", 3600, ca) is None, timeout=60)

@@ -191,22 +191,24 @@ def _add_scram_user(lab: Lab, zk: str, user: str, password: str) -> None:
     wait_until(f"SCRAM user {user} in {zk}", added, timeout=120, interval=2, on_timeout=lambda: lab.logs(zk))
 
 
+# A service's Kafka login as a stack gives it: user, password file, brokers CA (kafka_auth reads them).
+LOGIN_VARIABLES = (kafka_auth.USERNAME_ENV, f"{kafka_auth.PASSWORD_SECRET.upper()}_FILE", kafka_auth.CA_FILE.env)
+
+
 def services_login(cluster: KafkaCluster) -> dict[str, str]:
     """KAFKA_* variables of the super user's login on a secure cluster's SERVICES, as the stack gives a
     service (KAFKA_USERNAME, KAFKA_PASSWORD_FILE, KAFKA_CA_FILE = the brokers CA): for login_environment."""
     password = Path(cluster.pki) / "operator.password"
     password.write_text(cluster.operator[1] + "\n")
-    return {kafka_auth.USERNAME_ENV: cluster.operator[0],
-            f"{kafka_auth.PASSWORD_SECRET.upper()}_FILE": str(password),
-            kafka_auth.CA_FILE.env: f"{cluster.pki}/brokers-ca.crt"}
+    values = (cluster.operator[0], str(password), f"{cluster.pki}/brokers-ca.crt")
+    return dict(zip(LOGIN_VARIABLES, values, strict=True))
 
 
 @contextlib.contextmanager
 def login_environment(variables: dict[str, str]):
     """This process's environment holds exactly `variables` of the service's Kafka login while a service
     built in it reads them (kafka_auth.internal_config); {} for none, a plaintext cluster."""
-    keys = (kafka_auth.USERNAME_ENV, f"{kafka_auth.PASSWORD_SECRET.upper()}_FILE", kafka_auth.CA_FILE.env)
-    saved = {key: os.environ.pop(key, None) for key in keys}
+    saved = {key: os.environ.pop(key, None) for key in LOGIN_VARIABLES}
     os.environ.update(variables)
     try:
         yield
