@@ -9,9 +9,10 @@ def scram_jaas_config(user: str, password: str) -> str:
     return kafka_auth.properties_value(kafka_auth.jaas_config(user, password))
 
 
-def kafka_client_properties(login: dict) -> str:
-    """The --command-config of Kafka's tools for `login` ({user, password}) on INTERNAL (topics, health, status)."""
-    return kafka_auth.client_properties(str(login["user"]), str(login["password"]))
+def kafka_client_properties(login: dict, ca_file: str = "") -> str:
+    """The --command-config of Kafka's tools for `login` ({user, password}) on the site's overlay (topics, health,
+    status): inside TLS to SERVICES with `ca_file`, the brokers CA as the tool's container sees it."""
+    return kafka_auth.client_properties(str(login["user"]), str(login["password"]), str(ca_file or ""))
 
 
 def relay_acls(user: str, topics: list, groups: list) -> list[dict]:

@@ -179,13 +179,15 @@ def _clients_gaining_tls(deployed: dict, new: dict, uses_tls) -> list[str]:
 
 
 def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: object = None) -> list[dict]:
-    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, node, text, cassandra_tls}, ...].
+    """Stages of a rolling deploy of `new_text` over `deployed_text`: [{service, node, text, cassandra_tls,
+    kafka_tls}, ...].
 
     The first stage's service is '' (only stateless changes); each further stage rolls `node` (a service of
     the stack file; `service` names it for people, "cassandra-1 (CQL over TLS opened)", "cassandra-1 (inter-node
     TLS sent)");
     `cassandra_tls` is false while a Cassandra node of the stage may still take CQL in clear only (the health
-    role's probes then use CQL in clear). Empty when nothing stateful changed, or nothing was deployed before
+    role's probes then use CQL in clear); `kafka_tls` is false while a broker of the stage may lack SERVICES
+    (the Kafka gate then goes to INTERNAL). Empty when nothing stateful changed, or nothing was deployed before
     (a first deploy has nothing to roll)."""
     if not str(deployed_text or "").strip():
         return []
@@ -228,16 +230,17 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
             return " and ".join(_gained_listeners(name, deployed, new)) + " opened"
         return CQL_OPENED if name in gaining_cql else INTERNODE_OPENED
 
-    cql_tls = not gaining_cql
-    stages = [{"service": "", "node": "", "text": stage_text([], [], [], False), "cassandra_tls": cql_tls}]
+    before = {"cassandra_tls": not gaining_cql, "kafka_tls": not gaining_services}   # until all have opened
+    opened = {"cassandra_tls": not gaining_cql, "kafka_tls": True}
+    stages = [{"service": "", "node": "", "text": stage_text([], [], [], False), **before}]
     stages += [{"service": f"{name} ({opened_label(name)})", "node": name,
-                "text": stage_text([], opening[:i + 1], [], False), "cassandra_tls": cql_tls}
+                "text": stage_text([], opening[:i + 1], [], False), **before}
                for i, name in enumerate(opening)]
     stages += [{"service": f"{name} ({INTERNODE_SENT})", "node": name,
-                "text": stage_text([], opening, sending[:i + 1], False), "cassandra_tls": cql_tls}
+                "text": stage_text([], opening, sending[:i + 1], False), **opened}
                for i, name in enumerate(sending)]
     stages += [{"service": name, "node": name, "text": stage_text(order[:i + 1], opening, sending, True),
-                "cassandra_tls": True} for i, name in enumerate(order)]
+                "cassandra_tls": True, "kafka_tls": True} for i, name in enumerate(order)]
     return stages
 
 

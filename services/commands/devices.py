@@ -84,8 +84,9 @@ it); disable and enable work on every device.
 JSON of sync-inventory), so that one pipe carries both and no secret lands in a file or on a command line.
 
 The current table is read from the topic's beginning up to its high watermarks, with no consumer group.
-Kafka login: on a site's overlay (INTERNAL) as KAFKA_USERNAME with the secret kafka_password
-(KAFKA_PASSWORD_FILE, else /run/secrets/kafka_password), none without KAFKA_USERNAME (a test cluster);
+Kafka login: on a site's overlay as KAFKA_USERNAME with the secret kafka_password (KAFKA_PASSWORD_FILE,
+else /run/secrets/kafka_password), inside TLS to SERVICES with KAFKA_CA_FILE (the brokers CA), none without
+KAFKA_USERNAME (a test cluster);
 with --external the same login over SASL_SSL to a site's EXTERNAL listener (host port 9094), the brokers'
 certificate checked against --ca-file, showing the operator's client certificate (--cert-file, --key-file),
 without which EXTERNAL refuses any login.
@@ -399,8 +400,8 @@ TLS_FILES = ("the CA that signed the brokers' certificates",
 
 
 def kafka_security(external: bool, tls_files: tuple[str, str, str], password: str | None = None) -> dict[str, str]:
-    """librdkafka login settings: SCRAM as KAFKA_USERNAME on INTERNAL (SASL_PLAINTEXT), or with --external
-    over SASL_SSL to EXTERNAL with `tls_files` (--ca-file, --cert-file, --key-file: the brokers' CA, the
+    """librdkafka login settings: SCRAM as KAFKA_USERNAME on the overlay (inside TLS with KAFKA_CA_FILE), or
+    with --external over SASL_SSL to EXTERNAL with `tls_files` (--ca-file, --cert-file, --key-file: the brokers' CA, the
     operator's client certificate and its key); the password is `password` (from --stdin-envelope) or the
     secret kafka_password. No KAFKA_USERNAME: no login (a test cluster's plaintext INTERNAL)."""
     user = os.environ.get(kafka_auth.USERNAME_ENV, "").strip()
@@ -408,7 +409,7 @@ def kafka_security(external: bool, tls_files: tuple[str, str, str], password: st
         raise InputError(f"the envelope's kafka_password needs {kafka_auth.USERNAME_ENV} (whose password it is)")
     login = (user, password) if password is not None else kafka_auth.internal_login()
     if not external:
-        return kafka_auth.sasl_plaintext_config(*login) if login else {}
+        return kafka_auth.overlay_config(*login) if login else {}
     if login is None:
         raise InputError(f"--external needs a login: set {kafka_auth.USERNAME_ENV} (and the secret "
                          f"{kafka_auth.PASSWORD_SECRET}: {kafka_auth.PASSWORD_SECRET.upper()}_FILE)")

@@ -5,7 +5,8 @@
       --acls '[{"principal": "User:relay", "resource": "topic", "name": "device-registration",
                 "pattern": "literal", "operation": "READ"}]'
 
-The stack role runs it after each deploy, on the site's overlay (INTERNAL) as a super user, passwords on stdin.
+The stack role runs it after each deploy, on the site's overlay (SERVICES, inside TLS) as a super user,
+passwords on stdin.
 The login, the inputs, what it changes and never touches, the output and the exit codes: at the end of --help
 (EPILOG). Tests: tests/unit/commands/test_kafka_access.py, tests/integration/test_kafka_security.py.
 """
@@ -24,7 +25,8 @@ PROG = "iot-kafka-access"
 # The long help (`--help` ends with it).
 EPILOG = """\
 The site's brokers take SCRAM-SHA-512 logins on both listeners and run the ACL authorizer
-(images/kafka/bin/entrypoint). This tool runs on the site's overlay, on INTERNAL, as a super user:
+(images/kafka/bin/entrypoint). This tool runs on the site's overlay as a super user,
+inside TLS to SERVICES when KAFKA_CA_FILE names the site's brokers CA (else in clear to INTERNAL):
 --login names the user (the site's admin principal, which the brokers create as they start) whose
 password is the one for it on stdin; that user is only logged in as, not managed. Without --login it
 connects without a login (a test cluster whose INTERNAL is plaintext).
@@ -218,7 +220,7 @@ def split_login(users: dict[str, str], login_user: str) -> tuple[dict[str, str],
     if login_user not in users:
         raise InputError(f"--login {login_user}: stdin has no password for {login_user!r}; add it to the JSON object")
     managed = {u: p for u, p in users.items() if u != login_user}
-    return managed, kafka_auth.sasl_plaintext_config(login_user, users[login_user])
+    return managed, kafka_auth.overlay_config(login_user, users[login_user])
 
 
 def ensure(args: argparse.Namespace, users: dict[str, str], wanted: list[Acl], login: dict[str, str]) -> int:
@@ -261,13 +263,13 @@ def ensure(args: argparse.Namespace, users: dict[str, str], wanted: list[Acl], l
 
 OPTIONS: tuple[settings.Option, ...] = (
     settings.Option("bootstrap", "KAFKA_ACCESS_BOOTSTRAP", None,
-                    "the site's INTERNAL bootstrap servers, e.g. kafka-1:9092,kafka-2:9092", required=True),
+                    "the site's overlay bootstrap servers, e.g. kafka-1:9095,kafka-2:9095 (SERVICES)", required=True),
     settings.Option("acls", "KAFKA_ACCESS_ACLS", "[]",
                     'JSON list of {"principal": "User:<name>", "resource", "name", "pattern", "operation"}'),
     settings.Option("wait_seconds", "KAFKA_ACCESS_WAIT_SECONDS", 600.0,
                     "how long to wait for the brokers to answer", float),
     settings.Option("login", "KAFKA_ACCESS_LOGIN", "",
-                    "log in to INTERNAL as this user, with its password from stdin (empty: no login)"),
+                    "log in as this user, with its password from stdin (empty: no login)"),
 )
 
 

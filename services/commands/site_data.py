@@ -96,7 +96,7 @@ def kafka_topics(args: argparse.Namespace, password: str | None, delete: bool) -
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    login = kafka_auth.sasl_plaintext_config(args.kafka_user, password or "") if args.kafka_user else {}
+    login = kafka_auth.overlay_config(args.kafka_user, password or "") if args.kafka_user else {}
     admin = AdminClient({"bootstrap.servers": args.bootstrap, **login})
     try:
         names = site_topics(args.site, admin.list_topics(timeout=60).topics)
@@ -178,8 +178,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         c = sub.add_parser(name, help=help_text)
         c.add_argument("--site", required=True, help="alias of the removed site, e.g. site-c")
         c.add_argument("--known-sites", default="", help="sites the inventory still relays (comma-separated)")
-        c.add_argument("--bootstrap", required=True, help="the datacenter's Kafka, e.g. kafka-1:9092")
-        c.add_argument("--kafka-user", default="", help="SCRAM login on INTERNAL (password on stdin)")
+        c.add_argument("--bootstrap", required=True, help="the datacenter's Kafka, e.g. kafka-1:9095")
+        c.add_argument("--kafka-user", default="",
+                       help="SCRAM login on the overlay (password on stdin; inside TLS with KAFKA_CA_FILE)")
         c.add_argument("--cassandra-hosts", required=True, type=lambda s: [h for h in s.split(",") if h],
                        help="contact points, e.g. cassandra-1,cassandra-2")
         c.add_argument("--cassandra-port", type=settings.integer(1, 65535), default=9042)

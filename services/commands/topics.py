@@ -51,9 +51,9 @@ cannot replace.
 min-insync sets every topic's min.insync.replicas to --min-insync, but always below its replication factor
 (at least 1), and prints {"changed": [...], "unchanged": N}.
 
-On a site whose INTERNAL takes SCRAM logins, the tool logs in as KAFKA_USERNAME with the password in the
+On a site whose brokers take SCRAM logins, the tool logs in as KAFKA_USERNAME with the password in the
 file KAFKA_PASSWORD_FILE (the stack runs it as the site's admin principal, password on stdin:
-KAFKA_PASSWORD_FILE=/dev/stdin).
+KAFKA_PASSWORD_FILE=/dev/stdin), inside TLS to SERVICES with KAFKA_CA_FILE (the site's brokers CA).
 
 Progress, warnings and errors go to stderr. Exit codes: 0 done; 1 Kafka did not answer in time or refused
 a topic; 2 bad arguments or a bad spec.
@@ -292,7 +292,7 @@ class _LastMessage(logging.Handler):
 
 def admin_client(bootstrap: str, quiet: _LastMessage, login: dict[str, str] | None = None):
     """An AdminClient of `bootstrap` whose librdkafka messages go to `quiet`; `login`: the settings of
-    its SCRAM login to INTERNAL (kafka_auth.internal_config), none on a plaintext test cluster."""
+    its SCRAM login on the overlay (kafka_auth.internal_config), none on a plaintext test cluster."""
     from confluent_kafka.admin import AdminClient
 
     logger = logging.getLogger(f"{PROG}.librdkafka")

@@ -5,12 +5,12 @@
   broker asks for a certificate from the deployment's clients CA, which the pki role issues only to the
   principals that belong outside a site (the datacenter's relay, the operator), so a service's password read
   off a node opens nothing from the factory network (docs/security.md): sasl_ssl_config.
-- SERVICES (the site's overlay, 9095) and INTERNAL (9092, the deployment's tools): SCRAM-SHA-512, each
-  service as its own principal, whose ACLs allow only what that service does (docs/security.md):
-  internal_config reads the login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE,
-  else /run/secrets/kafka_password). With KAFKA_CA_FILE (the site's brokers CA) the login goes inside TLS
-  (SASL_SSL, SERVICES), checking the broker's name; without, in clear (SASL_PLAINTEXT, INTERNAL).
-  Java clients (the Spark jobs) get the same login as jaas_config, the CA inline (no file on executors).
+- SERVICES (the site's overlay, 9095; the services and the deployment's tools) and INTERNAL (9092, in clear,
+  used by none of them once a site runs SERVICES): SCRAM-SHA-512, each principal's ACLs allowing only what it
+  does (docs/security.md). overlay_config: with KAFKA_CA_FILE (the site's brokers CA) the login goes inside TLS
+  (SASL_SSL, SERVICES), checking the broker's name; without, in clear (INTERNAL). internal_config reads a
+  service's login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE). Java clients get
+  the same as jaas_config, the CA inline (Spark: no file on executors) or as a file (client_properties).
 
 Standard library only: the Spark jobs use this module too."""
 from __future__ import annotations
@@ -88,19 +88,24 @@ def internal_ca_file(environ: Mapping[str, str] | None = None) -> str:
     return path
 
 
-def internal_config(environ: Mapping[str, str] | None = None,
-                    secrets_dir: Path | str | None = None) -> dict[str, str]:
-    """librdkafka settings for this service's login on its site's overlay ({} without one): inside TLS
-    with KAFKA_CA_FILE, else in clear."""
-    login = internal_login(environ, secrets_dir)
-    if login is None:
-        return {}
-    config = sasl_plaintext_config(*login)
+def overlay_config(user: str, password: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka settings for a SCRAM login on a site's overlay: inside TLS with KAFKA_CA_FILE (SERVICES,
+    the broker's name checked), else in clear (INTERNAL). The one place a service or a deployment tool
+    (iot-topics, iot-kafka-access, iot-devices, iot-site-data) chooses between the two."""
+    config = sasl_plaintext_config(user, password)
     ca_file = internal_ca_file(environ)
     if ca_file:
         config |= {"security.protocol": "SASL_SSL", "ssl.ca.location": ca_file,
                    "ssl.endpoint.identification.algorithm": "https"}
     return config
+
+
+def internal_config(environ: Mapping[str, str] | None = None,
+                    secrets_dir: Path | str | None = None) -> dict[str, str]:
+    """librdkafka settings for this service's login on its site's overlay ({} without one): inside TLS
+    with KAFKA_CA_FILE, else in clear."""
+    login = internal_login(environ, secrets_dir)
+    return {} if login is None else overlay_config(*login, environ)
 
 
 def jaas_config(user: str, password: str) -> str:
@@ -117,10 +122,16 @@ def properties_value(value: str) -> str:
     return value.replace("\\", "\\\\")
 
 
-def client_properties(user: str, password: str) -> str:
-    """A Java tool's --command-config for a login to INTERNAL (kafka-topics, kafka-consumer-groups ...)."""
-    return "\n".join(["security.protocol=SASL_PLAINTEXT", f"sasl.mechanism={MECHANISM}",
-                      f"sasl.jaas.config={properties_value(jaas_config(user, password))}"])
+def client_properties(user: str, password: str, ca_file: str = "") -> str:
+    """A Java tool's --command-config for a login on a site's overlay (kafka-topics, kafka-consumer-groups ...):
+    with `ca_file` (the brokers CA, PEM, as the tool's container sees it) inside TLS to SERVICES, checking the
+    broker's name; without, in clear to INTERNAL."""
+    lines = [f"security.protocol={'SASL_SSL' if ca_file else 'SASL_PLAINTEXT'}", f"sasl.mechanism={MECHANISM}",
+             f"sasl.jaas.config={properties_value(jaas_config(user, password))}"]
+    if ca_file:
+        lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={properties_value(ca_file)}",
+                  "ssl.endpoint.identification.algorithm=https"]
+    return "\n".join(lines)
 
 
 def java_internal_options(environ: Mapping[str, str] | None = None,

@@ -79,6 +79,26 @@ def test_a_tools_client_properties_hold_the_jaas_line_escaped_once_more_for_java
                                  'username="admin" password="p\\\\\\\\w\\\\"d";']
 
 
+def test_a_tools_client_properties_with_the_brokers_ca_go_inside_tls_and_check_the_brokers_name():
+    from deploy.kafka_acls import kafka_client_properties
+    login = {"user": "admin", "password": "pw"}
+    lines = kafka_client_properties(login, "/run/secrets/kafka_brokers_ca.pem").splitlines()
+    assert lines[0] == "security.protocol=SASL_SSL"
+    assert set(lines[3:]) == {"ssl.truststore.type=PEM", "ssl.truststore.location=/run/secrets/kafka_brokers_ca.pem",
+                              "ssl.endpoint.identification.algorithm=https"}
+
+
+def test_a_tools_overlay_login_goes_inside_tls_only_with_the_brokers_ca(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert kafka_auth.overlay_config("admin", "pw", {})["security.protocol"] == "SASL_PLAINTEXT"
+    tls = kafka_auth.overlay_config("admin", "pw", {"KAFKA_CA_FILE": str(ca)})
+    assert (tls["security.protocol"], tls["ssl.ca.location"]) == ("SASL_SSL", str(ca))
+    assert tls["ssl.endpoint.identification.algorithm"] == "https"
+    with pytest.raises(SettingsError, match="KAFKA_CA_FILE=.*missing.pem not found"):
+        kafka_auth.overlay_config("admin", "pw", {"KAFKA_CA_FILE": str(tmp_path / "missing.pem")})
+
+
 def test_a_spark_job_reads_and_writes_as_its_principal_in_its_own_groups(monkeypatch, tmp_path):
     (tmp_path / "pw").write_text("job-password-0123456789")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")

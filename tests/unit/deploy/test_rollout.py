@@ -26,7 +26,7 @@ def text(stack: dict) -> str:
 
 
 def stages(before: dict, after: dict, leader=None) -> list[dict]:
-    return [{"service": s["service"], "stack": yaml.safe_load(s["text"])}
+    return [{"service": s["service"], "stack": yaml.safe_load(s["text"]), "kafka_tls": s["kafka_tls"]}
             for s in rollout_stages(text(before), text(after), leader)]
 
 
@@ -130,6 +130,8 @@ def test_brokers_open_services_before_any_client_moves_onto_it(topology):
         assert clients == dict.fromkeys(KAFKA_CLIENTS, index >= 4), (index, clients)
         assert services["mosquitto"] == after["services"]["mosquitto"]      # the rest changes in stage 0
     assert planned[-1]["stack"]["services"] == after["services"]
+    # The Kafka gate (health role) goes to SERVICES only once every broker has it, INTERNAL until then.
+    assert [s["kafka_tls"] for s in planned] == [False] * 4 + [True] * 3
 
 
 def test_the_datacenters_mirrormaker_waits_for_services_too():

@@ -3,6 +3,8 @@
 connector writes these topics every second, so "stop after N seconds without a record" never stops.
 
     python mm2_offsets.py BOOTSTRAP TOPIC...   (stdin: {"user": ..., "password": ...}, the login)
+
+It runs in the services image: inside TLS to SERVICES with KAFKA_CA_FILE (kafka_auth.overlay_config).
 """
 import json
 import sys
@@ -10,12 +12,13 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
+from services.common import kafka_auth
+
 bootstrap, topics = sys.argv[1], sys.argv[2:]
 login = json.load(sys.stdin)
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "iot-status", "enable.auto.commit": False,
-                     "isolation.level": "read_committed", "security.protocol": "SASL_PLAINTEXT",
-                     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": login["user"],
-                     "sasl.password": login["password"], "socket.timeout.ms": 10000})
+                     "isolation.level": "read_committed", "socket.timeout.ms": 10000,
+                     **kafka_auth.overlay_config(login["user"], login["password"])})
 metadata = consumer.list_topics(timeout=30).topics
 partitions = [TopicPartition(t, p, 0) for t in topics if t in metadata for p in metadata[t].partitions]
 # The end offset of each partition now; the last record read may be one short of it: the marker that commits
