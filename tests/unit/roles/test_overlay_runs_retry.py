@@ -40,12 +40,14 @@ def test_only_a_timed_out_overlay_attach_counts_as_transient():
 
 def _overlay_runs() -> list[tuple[str, dict]]:
     """(file: task name, task) of every task whose command runs a container on an overlay: directly, through a
-    command list in its own vars, or through one from its role's vars (__topics_reassign, __devices_tool)."""
+    command list in its own vars, or through one from its role's vars (__topics_tool, __devices_tool)."""
     found = []
     for role in sorted(ROLES.iterdir()):
         role_vars = yaml.safe_load((role / "vars/main.yml").read_text()) if (role / "vars/main.yml").exists() else {}
+        # A list, or an expression building one ("{{ ['docker', 'run', ...] + iot_kafka_tool_args + [...] }}").
         runners = [name for name, value in (role_vars or {}).items()
-                   if isinstance(value, list) and value[:2] == ["docker", "run"] and "--network" in value]
+                   if "docker" in str(value) and "'run'" in str(value).replace('"run"', "'run'")
+                   and "--network" in str(value)]
         for path in sorted((role / "tasks").glob("*.yml")):
             for task in flat(yaml.safe_load(path.read_text())):
                 command = task.get("ansible.builtin.command")
