@@ -5,9 +5,9 @@ changed file would restart them all at once. The stack role deploys it in stages
 
   stage 0     the new file, every changed stateful service on its deployed definition;
   opening     a node gaining a TLS listener that others will need serves both ways, one per stage: a broker
-              opens BROKER, replicating on INTERNAL, and SERVICES beside INTERNAL; a Cassandra node takes CQL
-              over TLS and clear, and TLS from its peers, sending clear (_serving_both); CQL and Kafka clients
-              gaining TLS wait for all of these;
+              opens BROKER, replicating on INTERNAL, and SERVICES, keeping INTERNAL (which its new definition
+              closes); a Cassandra node takes CQL over TLS and clear, and TLS from its peers, sending clear
+              (_serving_both); CQL and Kafka clients gaining TLS wait for all of these;
   sending     then each Cassandra node gaining TLS between nodes sends it, still taking clear;
   stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
 
@@ -156,12 +156,28 @@ def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
     if name.startswith("kafka-"):
         gains_broker = "BROKER" in _gained_listeners(name, deployed, new)
         both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if gains_broker else {}
+        both |= _keeping_internal(deployed["services"][name], _environment(service))
     else:
         both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
         if _gains_internode_tls(name, deployed, new):
             both[INTERNODE_TLS] = internode
     opened["environment"] = {**_environment(service), **both}
     return opened
+
+
+def _keeping_internal(deployed_service: dict, env: dict) -> dict:
+    """A broker's listener settings with INTERNAL kept open as deployed, when its new definition closes it: the
+    clients and the replication still on INTERNAL move off it only after every broker has opened the rest."""
+    advertised = str(env.get("KAFKA_ADVERTISED_LISTENERS", ""))
+    internal = [entry for entry in _env(deployed_service, "KAFKA_ADVERTISED_LISTENERS").split(",")
+                if entry.startswith("INTERNAL://")]
+    if not internal or "INTERNAL://" in advertised:
+        return {}
+    kept = {"KAFKA_ADVERTISED_LISTENERS": f"{internal[0]},{advertised}"}
+    if env.get("KAFKA_LISTENERS"):
+        port = internal[0].rsplit(":", 1)[1]
+        kept["KAFKA_LISTENERS"] = f"INTERNAL://0.0.0.0:{port},{env['KAFKA_LISTENERS']}"
+    return kept
 
 
 def _secrets(service: dict) -> set[str]:

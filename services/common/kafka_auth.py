@@ -5,9 +5,9 @@
   broker asks for a certificate from the deployment's clients CA, which the pki role issues only to the
   principals that belong outside a site (the datacenter's relay, the operator), so a service's password read
   off a node opens nothing from the factory network (docs/security.md): sasl_ssl_config.
-- SERVICES (the site's overlay, 9095; the services and the deployment's tools) and INTERNAL (9092, in clear,
-  used by none of them once a site runs SERVICES): SCRAM-SHA-512, each principal's ACLs allowing only what it
-  does (docs/security.md). overlay_config: with KAFKA_CA_FILE (the site's brokers CA) the login goes inside TLS
+- SERVICES (the site's overlay, 9095; the services and the deployment's tools) and INTERNAL (9092, in clear;
+  a stack does not open it, the integration tests do): SCRAM-SHA-512, each principal's ACLs allowing only what
+  it does (docs/security.md). overlay_config: with KAFKA_CA_FILE (the site's brokers CA) the login goes inside TLS
   (SASL_SSL, SERVICES), checking the broker's name; without, in clear (INTERNAL). internal_config reads a
   service's login from KAFKA_USERNAME and the secret kafka_password (KAFKA_PASSWORD_FILE). Java clients get
   the same as jaas_config, the CA inline (Spark: no file on executors) or as a file (client_properties).

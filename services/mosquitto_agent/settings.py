@@ -46,7 +46,7 @@ class AgentSettings:
     keepalive_s: int = setting("MOSQUITTO_AGENT_KEEPALIVE_S", 30, "MQTT keepalive in seconds",
                                settings.integer(5, 3600), flag="--keepalive")
     kafka_bootstrap: str = setting("MOSQUITTO_AGENT_KAFKA_BOOTSTRAP", "kafka-1:9092",
-                                   "Kafka bootstrap servers of the site (INTERNAL)")
+                                   "Kafka bootstrap servers of the site (SERVICES on a stack)")
     credentials_topic: str = setting("MOSQUITTO_AGENT_CREDENTIALS_TOPIC", names.DEVICE_CREDENTIALS,
                                      "the compacted topic of device logins")
     metrics_port: int = setting("MOSQUITTO_AGENT_METRICS_PORT", 9103, "port of /metrics and /healthz; 0 disables",

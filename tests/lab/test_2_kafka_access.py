@@ -1,9 +1,9 @@
 """A site's Kafka from the lab network, as any machine on a factory network reaches it: its EXTERNAL
 listener (host port 9094) takes only SCRAM logins over mutual TLS (a client certificate of the clients CA,
 which only the relay and the operator have), and the datacenter relay's principal
-may only read the relayed topics (docs/security.md). On the site's overlay, INTERNAL takes only the
-site's principals, each held to its service's ACLs, and ZooKeeper keeps the credentials and ACLs to the
-brokers' login. MirrorMaker still delivering every relayed
+may only read the relayed topics (docs/security.md). On the site's overlay, SERVICES takes only the
+site's principals inside TLS, each held to its service's ACLs, INTERNAL (9092, in clear) is closed, and
+ZooKeeper keeps the credentials and ACLs to the brokers' login. MirrorMaker still delivering every relayed
 record over it is shown by test_2_end_to_end (events at the datacenter) and the fault suite's
 dc-cut-off case (relay counted record by record)."""
 from __future__ import annotations
@@ -147,17 +147,43 @@ def test_mirrormaker_syncs_the_sites_adapter_offsets_to_the_datacenter_through_t
     assert found, f"no offsets of {group} on {relayed} reached the datacenter"
 
 
-# ------------------------------------------------------------------ INTERNAL, from the site's overlay
+# ------------------------------------------------------------------ SERVICES and INTERNAL, from the site's overlay
 
 def _probe_on_the_overlay(lab_hosts, user: str = "", password: str = "", write: tuple[str, ...] = ()) -> dict:
-    """A client in a container on site-a's overlay (as any service there), started on its manager."""
+    """A client in a container on site-a's overlay (as any service there), started on its manager, inside TLS
+    to SERVICES with the site's brokers CA (the file the stack role writes for the deployment's tools)."""
     manager = lab.site_managers(lab_hosts)[SITE]
-    return probe_internal("iot", "kafka-1:9092", user, password, write, via=("docker", "exec", "-i", manager.container))
+    conf = {"security.protocol": "SASL_SSL" if user else "SSL", "ssl.ca.location": "/run/ca.pem"}
+    return probe_internal("iot", "kafka-1:9095", user, password, write, conf=conf,
+                          volumes={f"/opt/iot-stack/{SITE}/kafka_brokers_ca.pem": "/run/ca.pem"},
+                          via=("docker", "exec", "-i", manager.container))
 
 
-def test_internal_refuses_anonymous_clients_on_the_overlay(lab_hosts):
+def test_services_refuses_anonymous_clients_on_the_overlay(lab_hosts):
     probe = _probe_on_the_overlay(lab_hosts)
     assert probe["topics"] is None, f"an anonymous client on site-a's overlay got Kafka's metadata: {probe}"
+
+
+def test_no_broker_listens_on_internal(lab_hosts):
+    """INTERNAL (9092, SCRAM in clear) is closed on every broker of the site: nothing can send a login there."""
+    manager = lab.site_managers(lab_hosts)[SITE]
+    brokers = [f"kafka-{h.variables['kafka_id']}" for h in lab_hosts
+               if h.site == SITE and h.variables.get("kafka_id")]
+    assert brokers, f"no broker of {SITE} in the lab's inventory"
+    connect = ("import socket, sys\n"
+               "for broker in sys.argv[1:]:\n"
+               "    for port in (9095, 9092):\n"
+               "        try:\n"
+               "            socket.create_connection((broker, port), timeout=10).close(); print(broker, port, 'open')\n"
+               "        except OSError as err:\n"
+               "            print(broker, port, type(err).__name__)\n")
+    result = subprocess.run(["docker", "exec", manager.container, "docker", "run", "--rm", "--network", "iot",
+                             image("services"), "python", "-c", connect, *brokers],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = dict(((b, int(p)), state) for b, p, state in (line.split() for line in result.stdout.splitlines()))
+    assert all(seen[(b, 9095)] == "open" for b in brokers), f"SERVICES not reached, so this proves nothing: {seen}"
+    assert all(seen[(b, 9092)] == "ConnectionRefusedError" for b in brokers), f"INTERNAL answered: {seen}"
 
 
 def test_a_service_principal_on_the_overlay_sees_and_writes_only_what_its_acls_name(lab_hosts):

@@ -3,9 +3,10 @@ packets (udp 4789) in the network namespace of site-a's second node, while a dev
 reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093), the services' Kafka
 traffic (SERVICES, 9095: the bridge's writes, the adapter's and the jobs' reads), the adapter's writes to
 Cassandra (CQL over TLS, 9042) and the bridge's reads from Mosquitto (MQTT over TLS, 1883) must carry none of
-them in clear. So that a clean capture is the encryption's doing, not a blind capture's, the test sends the
-marker in clear itself, from a container on another node to kafka-2's INTERNAL listener (9092, left to the
-deployment's tools and not encrypted yet, docs/security.md), and the capture must find it there."""
+them in clear, and nothing may cross on Kafka's INTERNAL port (9092, closed). So that a clean capture is the
+encryption's doing, not a blind capture's, the test sends the marker in clear itself, a UDP datagram from a
+container on another node to kafka-2 (no listener needed: it crosses the LAN whatever waits for it), and the
+capture must find it there."""
 from __future__ import annotations
 
 import uuid
@@ -22,13 +23,16 @@ SITE = "site-a"
 READINGS = 2_000
 CAPTURE_S = 75.0            # the registration and the publishing take 20-60 s on a loaded lab
 BROKER, INTERNAL, SERVICES, MQTT_OVERLAY, CQL = 9093, 9092, 9095, 1883, 9042
+CONTROL_PORT = 9999         # UDP; no service of the stack uses it
 
 
-# Run in a container on another node: the marker in clear to kafka-2's INTERNAL listener, across the LAN.
-CONTROL = """
-import socket, sys
-with socket.create_connection(("kafka-2", 9092), timeout=10) as s:
-    s.sendall(sys.argv[1].encode() * 4)
+# Run in a container on another node: the marker in clear to kafka-2, across the LAN, a few times (UDP may drop).
+CONTROL = f"""
+import socket, sys, time
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    for _ in range(5):
+        s.sendto(sys.argv[1].encode() * 4, ("kafka-2", {CONTROL_PORT}))
+        time.sleep(0.2)
 """
 
 
@@ -66,5 +70,6 @@ def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts)
     assert seen.in_clear(CQL) == 0, f"readings crossed the LAN in clear on CQL: {summary}"
     assert seen.packets(MQTT_OVERLAY) > 0, f"no MQTT traffic crossed the LAN to the bridge: {summary}"
     assert seen.in_clear(MQTT_OVERLAY) == 0, f"readings crossed the LAN in clear on MQTT 1883: {summary}"
-    assert seen.in_clear(INTERNAL) > 0, \
-        f"the capture missed the marker sent in clear to kafka-2:9092, so it proves nothing: {summary}"
+    assert seen.packets(INTERNAL) == 0, f"something crossed the LAN on Kafka's INTERNAL port 9092: {summary}"
+    assert seen.in_clear(CONTROL_PORT) > 0, \
+        f"the capture missed the marker sent in clear to kafka-2 (udp {CONTROL_PORT}), so it proves nothing: {summary}"

@@ -1,6 +1,6 @@
 """What crosses the LAN between a site's nodes: the Swarm overlay's VXLAN packets (udp 4789) captured in a lab
 host's network namespace, as anyone on the factory LAN could capture them, decapsulated, and counted per inner
-TCP port: packets with a payload, and those whose payload holds one of the given byte strings in clear.
+TCP or UDP port: packets with a payload, and those whose payload holds one of the given byte strings in clear.
 
 The capture runs in the lab host with its own Python (an AF_PACKET socket: the container has CAP_NET_RAW), so
 nothing is installed on it; the byte strings reach it on stdin. Used by tests/lab/test_2_overlay_capture.py."""
@@ -16,7 +16,7 @@ from tooling.lab import lab
 VXLAN_PORT = 4789
 
 # Runs on the lab host: python3 -c CAPTURE SECONDS VXLAN_PORT, the needles (JSON list of strings) on stdin. Prints
-# {"vxlan": packets, "ports": {port: [packets with payload, packets holding a needle]}}; a TCP packet counts
+# {"vxlan": packets, "ports": {port: [packets with payload, packets holding a needle]}}; a TCP or UDP packet counts
 # under each of its two ports.
 CAPTURE = r"""
 import json, socket, struct, sys, time
@@ -49,14 +49,15 @@ while time.monotonic() < end:
     if frame[inner_eth + 12:inner_eth + 14] != b"\x08\x00":
         continue
     inner = ip_payload(frame, inner_eth + 14)
-    if not inner or inner[0] != 6:
+    if not inner or inner[0] not in (6, 17):
         continue
-    tcp, stop = inner[1], inner[2]
-    payload = frame[tcp + (frame[tcp + 12] >> 4) * 4:stop]
+    transport, stop = inner[1], inner[2]
+    header = (frame[transport + 12] >> 4) * 4 if inner[0] == 6 else 8    # TCP's data offset; UDP's 8 bytes
+    payload = frame[transport + header:stop]
     if not payload:
         continue
     hit = any(n in payload for n in needles)
-    for port in set(struct.unpack_from("!HH", frame, tcp)):
+    for port in set(struct.unpack_from("!HH", frame, transport)):
         seen = ports.setdefault(port, [0, 0])
         seen[0] += 1
         seen[1] += hit
@@ -66,7 +67,8 @@ print(json.dumps({"vxlan": vxlan, "ports": ports}))
 
 @dataclass
 class Capture:
-    """The result: VXLAN packets seen, and per inner TCP port [packets with payload, packets holding a needle]."""
+    """The result: VXLAN packets seen, and per inner TCP or UDP port [packets with payload, packets holding a
+    needle]."""
     vxlan: int = 0
     ports: dict[int, list[int]] = field(default_factory=dict)
 

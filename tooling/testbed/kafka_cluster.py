@@ -101,12 +101,14 @@ def make_pki(directory: Path, broker: str) -> Path:
 
 def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None,
                         zookeeper_env: dict[str, str] | None = None, broker_env: dict[str, str] | None = None,
-                        broker_memory: str = "1g", services_on_host: bool = False) -> KafkaCluster:
+                        broker_memory: str = "1g", services_on_host: bool = False,
+                        internal: bool = True) -> KafkaCluster:
     """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'; with `operator`
     (user, password) EXTERNAL is secured as at a site and that user is its super user. `zookeeper_env` and
     `broker_env` add to each one's environment (a site's heaps and JVM options: tooling.testbed.pipeline).
     `services_on_host` (secure clusters, benchmarks): SERVICES is published and advertised on 127.0.0.1, so
-    that a client on the host takes the services' path, TLS with the brokers CA, as deployed."""
+    that a client on the host takes the services' path, TLS with the brokers CA, as deployed. `internal`
+    false (secure clusters): the listeners a stack opens, INTERNAL closed (cluster.internal is then '')."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
     services_port = free_port() if services_on_host else 0
@@ -133,6 +135,10 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
     }
+    if operator and not internal:          # as ansible/roles/stack/templates/stack-services.j2 sets them
+        env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(f"INTERNAL://{broker}:9092,", "")
+        env |= {"KAFKA_LISTENERS": "BROKER://0.0.0.0:9093,EXTERNAL://0.0.0.0:9094,SERVICES://0.0.0.0:9095",
+                "KAFKA_HEALTH_PORT": "9095"}
     volumes, ca_file, admin = {}, "", ("", "")
     if pki:
         ca_file = str(make_pki(pki, broker))
@@ -158,7 +164,8 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
     ports = {port: 9094} | ({services_port: 9095} if services_port else {})
     lab.run("kafka", broker, "kafka", memory=broker_memory, ports=ports, env=env | (broker_env or {}),
             volumes=volumes)
-    cluster = KafkaCluster(zk, broker, f"{broker}:9092", f"127.0.0.1:{port}", ca_file, operator or ("", ""), admin,
+    cluster = KafkaCluster(zk, broker, f"{broker}:9092" if internal else "", f"127.0.0.1:{port}", ca_file,
+                           operator or ("", ""), admin,
                            str(pki or ""), f"127.0.0.1:{services_port}" if services_port else "")
 
     def broker_registered() -> bool:

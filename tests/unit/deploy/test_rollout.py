@@ -91,10 +91,20 @@ BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 KAFKA_CLIENTS = ("bridge", "mosquitto-agent", "cassandra-adapter", "threshold-detector")
 
 
+def with_internal(stack: dict) -> dict:
+    """A site's stack as deployed before INTERNAL closed: the brokers on the image's listeners, INTERNAL open."""
+    for name in BROKERS:
+        env = stack["services"][name]["environment"]
+        del env["KAFKA_LISTENERS"], env["KAFKA_HEALTH_PORT"]
+        env["KAFKA_ADVERTISED_LISTENERS"] = f"INTERNAL://{name}:9092," + env["KAFKA_ADVERTISED_LISTENERS"]
+    return stack
+
+
 def without_services(stack: dict) -> dict:
-    """A site's stack as deployed before the SERVICES listener: the brokers without it, the clients logging in
-    to INTERNAL in clear (no brokers CA, bootstrap on 9092; MirrorMaker's login is in its properties file, its
-    brokers CA the one sign of it in the stack)."""
+    """A site's stack as deployed before the SERVICES listener: the brokers without it and with INTERNAL, the
+    clients logging in to INTERNAL in clear (no brokers CA, bootstrap on 9092; MirrorMaker's login is in its
+    properties file, its brokers CA the one sign of it in the stack)."""
+    with_internal(stack)
     for name in BROKERS:
         env = stack["services"][name]["environment"]
         env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(f",SERVICES://{name}:9095", "")
@@ -114,8 +124,8 @@ def without_services(stack: dict) -> dict:
 def test_brokers_open_services_before_any_client_moves_onto_it(topology):
     """A site deployed before the SERVICES listener (issue 30): a client on SERVICES could reach no broker
     without it, so every broker first opens SERVICES beside INTERNAL, one per stage, while the clients stay as
-    deployed; they move in the first stage after, and the brokers, already on their new definition, do not
-    restart again."""
+    deployed; they move in the first stage after, and each broker then restarts once more, on its new
+    definition, which closes INTERNAL."""
     before = without_services(render("edge", topology, ids=image_ids()))
     after = render("edge", topology, ids=image_ids())
     planned = stages(before, after)
@@ -124,7 +134,8 @@ def test_brokers_open_services_before_any_client_moves_onto_it(topology):
         "kafka-1", "kafka-2", "kafka-3"]
     for index, stage in enumerate(planned):
         services = stage["stack"]["services"]
-        opened = [name for name in BROKERS if services[name] == after["services"][name]]
+        opened = [name for name in BROKERS
+                  if "SERVICES://" in services[name]["environment"]["KAFKA_ADVERTISED_LISTENERS"]]
         assert opened == list(BROKERS[:min(index, 3)]), (index, opened)
         clients = {name: services[name] == after["services"][name] for name in KAFKA_CLIENTS}
         assert clients == dict.fromkeys(KAFKA_CLIENTS, index >= 4), (index, clients)
@@ -132,6 +143,29 @@ def test_brokers_open_services_before_any_client_moves_onto_it(topology):
     assert planned[-1]["stack"]["services"] == after["services"]
     # The Kafka gate (health role) goes to SERVICES only once every broker has it, INTERNAL until then.
     assert [s["kafka_tls"] for s in planned] == [False] * 4 + [True] * 3
+    # An opened broker keeps INTERNAL, which its new definition closes, for the clients not yet moved.
+    for index, stage in enumerate(planned):
+        for number, name in enumerate(BROKERS, start=1):
+            env = stage["stack"]["services"][name]["environment"]
+            internal = "INTERNAL://" in env["KAFKA_ADVERTISED_LISTENERS"]
+            assert internal == (index < 4 + number - 1), (index, name, env["KAFKA_ADVERTISED_LISTENERS"])
+            if internal and index > 0 and number <= index:     # opened: SERVICES beside INTERNAL
+                assert env["KAFKA_LISTENERS"].startswith("INTERNAL://0.0.0.0:9092,"), env["KAFKA_LISTENERS"]
+                assert "SERVICES://0.0.0.0:9095" in env["KAFKA_LISTENERS"]
+
+
+def test_a_site_with_services_closes_internal_one_broker_at_a_time(topology):
+    """A site deployed with SERVICES and INTERNAL (every client already on SERVICES): each broker rolls once
+    onto its definition without INTERNAL, the Kafka gate on SERVICES throughout."""
+    before = with_internal(render("edge", topology, ids=image_ids()))
+    after = render("edge", topology, ids=image_ids())
+    planned = stages(before, after)
+    assert [s["service"] for s in planned] == ["", *BROKERS]
+    assert all(s["kafka_tls"] for s in planned)
+    advertised = [[("INTERNAL://" in s["stack"]["services"][b]["environment"]["KAFKA_ADVERTISED_LISTENERS"])
+                   for b in BROKERS] for s in planned]
+    assert advertised == [[True] * 3, [False, True, True], [False, False, True], [False] * 3]
+    assert planned[-1]["stack"]["services"] == after["services"]
 
 
 def test_the_datacenters_mirrormaker_waits_for_services_too():

@@ -187,8 +187,11 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
             # Not killed while it starts, however long a crash's recovery takes (STATEFUL_START_PERIOD).
             assert service["healthcheck"]["start_period"] == "1800s"
     kafka = services["kafka-2"]["environment"]
+    # No INTERNAL (9092, in clear): the services and the deployment's tools use SERVICES (issue 30).
+    assert kafka["KAFKA_LISTENERS"] == "BROKER://0.0.0.0:9093,EXTERNAL://0.0.0.0:9094,SERVICES://0.0.0.0:9095"
     assert kafka["KAFKA_ADVERTISED_LISTENERS"] == \
-        "INTERNAL://kafka-2:9092,BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094,SERVICES://kafka-2:9095"
+        "BROKER://kafka-2:9093,EXTERNAL://10.20.0.12:9094,SERVICES://kafka-2:9095"
+    assert kafka["KAFKA_HEALTH_PORT"] == "9095"
     # BROKER (the brokers' replication, mutual TLS): this broker's own keystore and the site's brokers CA.
     assert {(kafka["KAFKA_BROKER_KEYSTORE_FILE"], kafka["KAFKA_BROKER_CA_FILE"])} == \
         {("/run/secrets/kafka_broker_keystore.pem", "/run/secrets/kafka_brokers_ca.pem")}
