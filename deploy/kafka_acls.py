@@ -28,7 +28,7 @@ def relay_acls(user: str, topics: list, groups: list) -> list[dict]:
 
 
 def service_acls(services: list, relayed_from: list | None = None) -> list[dict]:
-    """The ACLs of a site's own Kafka clients on INTERNAL (iot-kafka-access --acls), one principal per
+    """The ACLs of a site's own Kafka clients on SERVICES (iot-kafka-access --acls), one principal per
     service. Each entry of `services` (templates/kafka-services.yml.j2) names its `user` and what it
     does: `reads` and `writes` (topics), `groups` (consumer groups it commits in), `group_prefixes`
     (the Spark jobs' generated groups) and `group_lookups` (group ids of readers that never join or commit,

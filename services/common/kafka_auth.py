@@ -22,7 +22,7 @@ from pathlib import Path
 from services.common import settings
 
 MECHANISM = "SCRAM-SHA-512"
-# The login on INTERNAL, as Options (the Spark jobs list them among their settings, spark/README.md).
+# The login on the overlay (SERVICES), as Options (the Spark jobs list them among their settings, spark/README.md).
 USERNAME = settings.Option("kafka_username", "KAFKA_USERNAME", "",
                            "this program's Kafka user on its site's overlay (SCRAM-SHA-512, inside TLS with "
                            "KAFKA_CA_FILE; empty: no login)")
