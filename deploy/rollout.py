@@ -6,10 +6,12 @@ changed file would restart them all at once. The stack role deploys it in stages
   stage 0     the new file, every changed stateful service on its deployed definition;
   opening     a node gaining a TLS listener that others will need serves both ways, one per stage: a broker
               opens BROKER, replicating on INTERNAL, and SERVICES, keeping INTERNAL (which its new definition
-              closes); a Cassandra node takes CQL over TLS and clear, and TLS from its peers, sending clear
-              (_serving_both); CQL and Kafka clients gaining TLS wait for all of these;
+              closes); a Cassandra node takes CQL over TLS and clear, and TLS from its peers, sending clear;
+              a ZooKeeper server takes clients over TLS and in clear (_serving_both); CQL and Kafka clients
+              gaining TLS wait for all of these;
   sending     then each Cassandra node gaining TLS between nodes sends it, still taking clear;
-  stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra.
+  stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra;
+              a ZooKeeper server that opened TLS closes clear only after every broker has moved onto TLS.
 
 Between stages the role waits for its health gates. A kept definition whose configs or secrets changed since
 points at the deployed Swarm objects, declared `external` under `<key>__deployed`.
@@ -30,7 +32,8 @@ TLS_KEYSTORE = "CASSANDRA_TLS_KEYSTORE_FILE"        # a Cassandra node with CQL 
 INTERNODE_TLS = "CASSANDRA_INTERNODE_TLS"           # and between nodes: required, sending or accepting
 CQL_CA = "ADAPTER_CASSANDRA_CA_FILE"                # a CQL client checking nodes against the Cassandra CA
 BROKERS_CA = "kafka_brokers_ca"                     # the secret of a Kafka client on SERVICES (TLS)
-CQL_OPENED = "CQL over TLS opened"
+ZOOKEEPER_TLS = "ZOO_TLS_KEYSTORE_FILE"             # a ZooKeeper server taking clients over TLS
+CQL_OPENED, ZOOKEEPER_OPENED = "CQL over TLS opened", "clients over TLS opened"
 INTERNODE_OPENED, INTERNODE_SENT = "inter-node TLS accepted", "inter-node TLS sent"
 
 
@@ -110,6 +113,10 @@ def _gains_cql_tls(deployed_service: dict, new_service: dict) -> bool:
     return not _env(deployed_service, TLS_KEYSTORE) and bool(_env(new_service, TLS_KEYSTORE))
 
 
+def _gains_zookeeper_tls(deployed_service: dict, new_service: dict) -> bool:
+    return not _env(deployed_service, ZOOKEEPER_TLS) and bool(_env(new_service, ZOOKEEPER_TLS))
+
+
 def _internode_tls(service: dict) -> str:
     """A Cassandra node's TLS between nodes. The stack names it with the keystore; a definition with the keystore
     and without the setting was deployed before inter-node TLS existed, and its image sends and takes clear."""
@@ -138,9 +145,11 @@ def _gained_listeners(name: str, deployed: dict, new: dict) -> list[str]:
 
 def _opens(name: str, deployed: dict, new: dict) -> bool:
     """A node gaining a TLS listener its peers or clients will need: a broker's BROKER or SERVICES, a Cassandra
-    node's CQL over TLS or its TLS between nodes."""
+    node's CQL over TLS or its TLS between nodes, a ZooKeeper server's client port over TLS."""
     if name.startswith("kafka-"):
         return bool(_gained_listeners(name, deployed, new))
+    if name.startswith("zookeeper-"):
+        return _gains_zookeeper_tls(deployed["services"][name], new["services"][name])
     if name.startswith("cassandra-"):
         return (_gains_cql_tls(deployed["services"][name], new["services"][name])
                 or _gains_internode_tls(name, deployed, new))
@@ -150,13 +159,16 @@ def _opens(name: str, deployed: dict, new: dict) -> bool:
 def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
     """The new definition of an opening or sending node: a broker with its new listeners open, replication
     still on INTERNAL when BROKER is one of them; a Cassandra node taking CQL over TLS and in clear (when it
-    gains CQL over TLS), and between nodes `internode` (when it gains TLS there)."""
+    gains CQL over TLS), and between nodes `internode` (when it gains TLS there); a ZooKeeper server taking
+    clients over TLS and, on every address, in clear."""
     service = new["services"][name]
     opened = copy.deepcopy(service)
     if name.startswith("kafka-"):
         gains_broker = "BROKER" in _gained_listeners(name, deployed, new)
         both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if gains_broker else {}
         both |= _keeping_internal(deployed["services"][name], _environment(service))
+    elif name.startswith("zookeeper-"):
+        both = {"ZOO_CLIENT_TLS": "optional"}
     else:
         both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
         if _gains_internode_tls(name, deployed, new):
@@ -213,6 +225,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     if not order:
         return []
     opening = [name for name in order if _opens(name, deployed, new)]
+    order = _brokers_before_closing_zookeeper(order, opening)
     sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
     gaining_cql = [name for name in opening if name.startswith("cassandra-")
                    and _gains_cql_tls(deployed["services"][name], new["services"][name])]
@@ -244,6 +257,8 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     def opened_label(name: str) -> str:
         if name.startswith("kafka-"):
             return " and ".join(_gained_listeners(name, deployed, new)) + " opened"
+        if name.startswith("zookeeper-"):
+            return ZOOKEEPER_OPENED
         return CQL_OPENED if name in gaining_cql else INTERNODE_OPENED
 
     before = {"cassandra_tls": not gaining_cql, "kafka_tls": not gaining_services}   # until all have opened
@@ -258,6 +273,18 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     stages += [{"service": name, "node": name, "text": stage_text(order[:i + 1], opening, sending, True),
                 "cassandra_tls": True, "kafka_tls": True} for i, name in enumerate(order)]
     return stages
+
+
+def _brokers_before_closing_zookeeper(order: list[str], opening: list[str]) -> list[str]:
+    """The roll order with each ZooKeeper server that opened TLS for clients moved after the brokers: its new
+    definition takes clear on its loopback only, and a broker not rolled yet still reaches it in clear."""
+    closing = [name for name in order if name.startswith("zookeeper-") and name in opening]
+    if not closing:
+        return order
+    rest = [name for name in order if name not in closing]
+    kafka = [i for i, name in enumerate(rest) if name.startswith("kafka-")]
+    at = kafka[-1] + 1 if kafka else sum(name.startswith("zookeeper-") for name in rest)
+    return rest[:at] + closing + rest[at:]
 
 
 def zookeeper_leader(lines: list) -> str:

@@ -141,7 +141,7 @@ def site_topology(hostvars: dict, hosts: list[str], site_alias: str, tier: str =
         "cassandra_retiring": (leaving := _retiring(hostvars, hosts, topology["cassandra"], site_alias,
                                                     "cassandra")),
         "cassandra_serving": [c["id"] for c in topology["cassandra"] if c["id"] not in leaving],
-        "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2181" for z in topology["zookeeper"]),
+        "zookeeper_connect": ",".join(f"zookeeper-{z['id']}:2182" for z in topology["zookeeper"]),
         # Ids run 1..n, so the first three nodes are always these names, whether or not the site has
         # them yet: adding a node changes no node's seed list (Cassandra skips a seed it cannot resolve,
         # and a new node takes itself off the list to bootstrap; images/cassandra/bin/cassandra-entrypoint).

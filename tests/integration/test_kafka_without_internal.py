@@ -12,7 +12,7 @@ import pytest
 
 from deploy.kafka_acls import kafka_client_properties
 from tooling.testbed.docker_lab import docker, image
-from tooling.testbed.kafka_cluster import start_kafka_cluster
+from tooling.testbed.kafka_cluster import PORT_PROBE, port_states, start_kafka_cluster
 
 TOPIC = "temperature-data"
 CA = "/run/kafka_brokers_ca.pem"       # iot_kafka_tool_ca (ansible/group_vars/all/main.yml)
@@ -34,17 +34,11 @@ def test_the_broker_is_healthy_on_services_and_refuses_internal(lab, cluster):
     assert cluster.internal == ""
     health = lab.exec(cluster.broker, "kafka-health")
     assert health.returncode == 0, f"kafka-health (KAFKA_HEALTH_PORT=9095) failed: {health.stdout}{health.stderr}"
-    probe = ("import socket, sys\n"
-             "for port in (9095, 9092):\n"
-             "    try:\n"
-             "        socket.create_connection((sys.argv[1], port), timeout=10).close(); print(port, 'open')\n"
-             "    except OSError as err:\n"
-             "        print(port, type(err).__name__)\n")
-    result = docker("run", "--rm", "--network", lab.network, image("services"), "python", "-c", probe,
-                    cluster.broker, check=False, timeout=120)
+    result = docker("run", "--rm", "--network", lab.network, image("services"), "python", "-c", PORT_PROBE,
+                    "9095,9092", cluster.broker, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
-    seen = dict(line.split() for line in result.stdout.splitlines())
-    assert seen == {"9095": "open", "9092": "ConnectionRefusedError"}, seen
+    seen = port_states(result.stdout)
+    assert seen == {(cluster.broker, 9095): "open", (cluster.broker, 9092): "ConnectionRefusedError"}, seen
 
 
 def test_the_topics_tool_and_the_kafka_gate_work_inside_tls_on_services(lab, cluster):

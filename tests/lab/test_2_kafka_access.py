@@ -8,6 +8,7 @@ record over it is shown by test_2_end_to_end (events at the datacenter) and the 
 dc-cut-off case (relay counted record by record)."""
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 import uuid
@@ -19,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from services.common import kafka_auth, names
 from tooling.lab import lab
 from tooling.testbed.docker_lab import image
-from tooling.testbed.kafka_cluster import metadata_errors, probe_internal
+from tooling.testbed.kafka_cluster import PORT_PROBE, metadata_errors, port_states, probe_internal, zookeeper_tls_client
 
 pytestmark = pytest.mark.smoke     # seconds on a running lab: part of the lab smoke
 
@@ -170,18 +171,11 @@ def test_no_broker_listens_on_internal(lab_hosts):
     brokers = [f"kafka-{h.variables['kafka_id']}" for h in lab_hosts
                if h.site == SITE and h.variables.get("kafka_id")]
     assert brokers, f"no broker of {SITE} in the lab's inventory"
-    connect = ("import socket, sys\n"
-               "for broker in sys.argv[1:]:\n"
-               "    for port in (9095, 9092):\n"
-               "        try:\n"
-               "            socket.create_connection((broker, port), timeout=10).close(); print(broker, port, 'open')\n"
-               "        except OSError as err:\n"
-               "            print(broker, port, type(err).__name__)\n")
     result = subprocess.run(["docker", "exec", manager.container, "docker", "run", "--rm", "--network", "iot",
-                             image("services"), "python", "-c", connect, *brokers],
+                             image("services"), "python", "-c", PORT_PROBE, "9095,9092", *brokers],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
-    seen = dict(((b, int(p)), state) for b, p, state in (line.split() for line in result.stdout.splitlines()))
+    seen = port_states(result.stdout)
     assert all(seen[(b, 9095)] == "open" for b in brokers), f"SERVICES not reached, so this proves nothing: {seen}"
     assert all(seen[(b, 9092)] == "ConnectionRefusedError" for b in brokers), f"INTERNAL answered: {seen}"
 
@@ -196,21 +190,21 @@ def test_a_service_principal_on_the_overlay_sees_and_writes_only_what_its_acls_n
                                       names.SENSOR_REGISTRATION]), probe
 
 
-def test_zookeeper_keeps_credentials_and_acls_from_a_client_on_the_overlay(lab_hosts):
-    """A client on site-a's overlay without the brokers' ZooKeeper login, as any service container there, reads
-    no SCRAM credential and changes no ACL (the brokers' zookeeper.set.acl, the stack role's zookeeper_acls.yml)."""
+def test_zookeeper_refuses_a_client_on_the_overlay_without_the_brokers_login(lab_hosts):
+    """A client on site-a's overlay without the brokers' ZooKeeper login, as any service container there: nothing
+    answers in clear (2181 is on each server's loopback only), and over TLS (2182, the server's certificate and
+    name checked against the site's ZooKeeper CA, the file the stack role writes for its tools) its session is
+    refused before it reads a znode: no SCRAM credential, no ACL (issue 30)."""
     manager = lab.site_managers(lab_hosts)[SITE]
-
-    def shell(*command: str) -> str:
-        result = subprocess.run(["docker", "exec", manager.container, "docker", "run", "--rm", "--network", "iot",
-                                 image("kafka"), "zookeeper-shell", "-server", "zookeeper-1:2181", *command],
-                                capture_output=True, text=True, timeout=180)
-        return result.stdout + result.stderr
-
-    def refused(output: str) -> bool:
-        return "Insufficient permission" in output or "NoAuth" in output
-
-    acls = f"/kafka-acl/Topic/{names.TEMPERATURE_DATA}"
-    assert "User:bridge" in shell("get", acls)          # the client reached ZooKeeper: ACLs are no secret
-    assert refused(shell("get", "/config/users/admin"))
-    assert refused(shell("set", acls, '{"version":1,"acls":[]}'))
+    ca = "/run/zookeeper_ca.pem"
+    shell = shlex.join(["java", *zookeeper_tls_client(ca), "-server", "zookeeper-1:2182",
+                        "get", f"/kafka-acl/Topic/{names.TEMPERATURE_DATA}"])
+    script = f"nc -z -w 5 zookeeper-1 2181 && echo 'clear: open' || echo 'clear: refused'; {shell} 2>&1"
+    result = subprocess.run(["docker", "exec", manager.container, "docker", "run", "--rm", "--network", "iot",
+                             "--mount", f"type=bind,source=/opt/iot-stack/{SITE}/zookeeper_ca.pem,target={ca},readonly",
+                             image("kafka"), "bash", "-c", script], capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert "clear: refused" in output, output[-3000:]
+    assert "SyncConnected" in output, output[-3000:]          # the TLS handshake passed: CA and name
+    assert "client failed to authenticate" in output, output[-3000:]
+    assert "User:bridge" not in output, output[-3000:]         # the ACLs were not read

@@ -3,7 +3,9 @@ packets (udp 4789) in the network namespace of site-a's second node, while a dev
 reading carrying a marker. The brokers' replication (Kafka's BROKER listener, 9093), the services' Kafka
 traffic (SERVICES, 9095: the bridge's writes, the adapter's and the jobs' reads), the adapter's writes to
 Cassandra (CQL over TLS, 9042) and the bridge's reads from Mosquitto (MQTT over TLS, 1883) must carry none of
-them in clear, and nothing may cross on Kafka's INTERNAL port (9092, closed). So that a clean capture is the
+them in clear, and nothing may cross on Kafka's INTERNAL port (9092, closed). kafka-2 keeps its ZooKeeper
+session (its login, the SCRAM credentials and ACLs it reads) with zookeeper-1 on the other node over TLS (2182),
+nothing on ZooKeeper's port in clear (2181, on each server's loopback only). So that a clean capture is the
 encryption's doing, not a blind capture's, the test sends the marker in clear itself, a UDP datagram from a
 container on another node to kafka-2 (no listener needed: it crosses the LAN whatever waits for it), and the
 capture must find it there."""
@@ -23,6 +25,7 @@ SITE = "site-a"
 READINGS = 2_000
 CAPTURE_S = 75.0            # the registration and the publishing take 20-60 s on a loaded lab
 BROKER, INTERNAL, SERVICES, MQTT_OVERLAY, CQL = 9093, 9092, 9095, 1883, 9042
+ZOOKEEPER_TLS, ZOOKEEPER_CLEAR = 2182, 2181
 CONTROL_PORT = 9999         # UDP; no service of the stack uses it
 
 
@@ -71,5 +74,7 @@ def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts)
     assert seen.packets(MQTT_OVERLAY) > 0, f"no MQTT traffic crossed the LAN to the bridge: {summary}"
     assert seen.in_clear(MQTT_OVERLAY) == 0, f"readings crossed the LAN in clear on MQTT 1883: {summary}"
     assert seen.packets(INTERNAL) == 0, f"something crossed the LAN on Kafka's INTERNAL port 9092: {summary}"
+    assert seen.packets(ZOOKEEPER_TLS) > 0, f"kafka-2's ZooKeeper session did not cross the LAN on 2182: {summary}"
+    assert seen.packets(ZOOKEEPER_CLEAR) == 0, f"something crossed the LAN on ZooKeeper's port 2181: {summary}"
     assert seen.in_clear(CONTROL_PORT) > 0, \
         f"the capture missed the marker sent in clear to kafka-2 (udp {CONTROL_PORT}), so it proves nothing: {summary}"

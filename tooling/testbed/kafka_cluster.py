@@ -7,7 +7,8 @@ and the operator's and the relay's client certificates, EXTERNAL SASL_SSL with m
 brokers' own, mutual TLS with a brokers CA), SERVICES (SASL_SSL, the BROKER certificate) and INTERNAL
 SASL_PLAINTEXT with SCRAM-SHA-512 and the ACL authorizer; the broker's own
 principal and the admin's, which the broker writes into ZooKeeper as it starts; and the operator's
-SCRAM user. All three are super users."""
+SCRAM user. All three are super users. With `zookeeper_tls`, ZooKeeper as a stack runs it: clients over TLS
+only (2182, a ZooKeeper CA), and only with the brokers' login."""
 from __future__ import annotations
 
 import contextlib
@@ -99,16 +100,62 @@ def make_pki(directory: Path, broker: str) -> Path:
     return directory / "ca.crt"
 
 
+# Run with `python -c PORT_PROBE PORTS HOST...` in a container on the network under test: one line per host and
+# port, "<host> <port> open" or "<host> <port> <the error's name>" (ConnectionRefusedError: nothing listens).
+PORT_PROBE = """
+import socket, sys
+for host in sys.argv[2:]:
+    for port in sys.argv[1].split(","):
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close(); print(host, port, "open")
+        except OSError as err:
+            print(host, port, type(err).__name__)
+"""
+
+
+def port_states(output: str) -> dict[tuple[str, int], str]:
+    """PORT_PROBE's lines as {(host, port): state}."""
+    return {(host, int(port)): state for host, port, state in (line.split() for line in output.splitlines())}
+
+
+def zookeeper_tls_client(ca: str) -> list[str]:
+    """A ZooKeeper client's JVM flags over TLS, checking the server against `ca` (a file in its container), as
+    the kafka image's zookeeper_tls_opts gives its tools; with no login (tests of who is refused)."""
+    return ["-Dzookeeper.client.secure=true", "-Dzookeeper.clientCnxnSocket=org.apache.zookeeper.ClientCnxnSocketNetty",
+            f"-Dzookeeper.ssl.trustStore.location={ca}", "-Dzookeeper.ssl.trustStore.type=PEM",
+            "-cp", "/opt/kafka/libs/*", "org.apache.zookeeper.ZooKeeperMain"]
+
+
+def make_zookeeper_pki(directory: Path, zookeeper: str) -> None:
+    """As the pki role's tasks/zookeeper.yml writes them: a ZooKeeper CA (zookeeper-ca.crt) and the server's key
+    and certificate from it (zookeeper-keystore.pem), naming `zookeeper` and zookeeper-1 (a stack's name of
+    server 1, which the health role's probe dials)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    pem = serialization.Encoding.PEM
+    zookeeper_ca = certs.ca("iot-stack test zookeeper CA")
+    key, cert = certs.issue(zookeeper_ca, zookeeper, (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+                            (x509.DNSName(zookeeper), x509.DNSName("zookeeper-1")))
+    ca_pem = zookeeper_ca[1].public_bytes(pem)
+    for name, content in (("zookeeper-ca.crt", ca_pem),
+                          ("zookeeper-keystore.pem", certs.key_pem(key) + cert.public_bytes(pem) + ca_pem)):
+        (directory / name).write_bytes(content)
+        (directory / name).chmod(0o644)    # the container's uid 1000 reads them
+
+
 def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | None = None,
                         zookeeper_env: dict[str, str] | None = None, broker_env: dict[str, str] | None = None,
                         broker_memory: str = "1g", services_on_host: bool = False,
-                        internal: bool = True) -> KafkaCluster:
+                        internal: bool = True, zookeeper_tls: bool = False) -> KafkaCluster:
     """One ZooKeeper and one broker named '<prefix>zookeeper' and '<prefix>kafka'; with `operator`
     (user, password) EXTERNAL is secured as at a site and that user is its super user. `zookeeper_env` and
     `broker_env` add to each one's environment (a site's heaps and JVM options: tooling.testbed.pipeline).
     `services_on_host` (secure clusters, benchmarks): SERVICES is published and advertised on 127.0.0.1, so
     that a client on the host takes the services' path, TLS with the brokers CA, as deployed. `internal`
-    false (secure clusters): the listeners a stack opens, INTERNAL closed (cluster.internal is then '')."""
+    false (secure clusters): the listeners a stack opens, INTERNAL closed (cluster.internal is then '').
+    `zookeeper_tls` (secure clusters): ZooKeeper's clients over TLS only and with the login, as in a stack."""
     zk, broker = f"{prefix}zookeeper", f"{prefix}kafka"
     port = free_port()
     services_port = free_port() if services_on_host else 0
@@ -118,8 +165,12 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
         pki.chmod(0o755)
         (pki / "zookeeper.password").write_text(f"zookeeper-{uuid.uuid4().hex}\n")
         (pki / "zookeeper.password").chmod(0o644)    # the container's uid 1000 reads it
+        tls = {}
+        if zookeeper_tls:                   # as ansible/roles/stack/templates/stack-services.j2 sets them
+            make_zookeeper_pki(pki, zk)
+            tls = {"ZOO_TLS_KEYSTORE_FILE": "/etc/kafka-pki/zookeeper-keystore.pem", "ZOO_CLIENT_TLS": "required"}
         lab.run("kafka", zk, "zookeeper", memory="512m", volumes={str(pki): "/etc/kafka-pki:ro"},
-                env={"ZOO_KAFKA_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password", **(zookeeper_env or {})})
+                env={"ZOO_KAFKA_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password", **tls, **(zookeeper_env or {})})
     else:
         lab.run("kafka", zk, "zookeeper", memory="512m", env=zookeeper_env)
     env = {
@@ -158,7 +209,12 @@ def start_kafka_cluster(lab: Lab, prefix: str = "", operator: tuple[str, str] | 
                 "KAFKA_ZOOKEEPER_PASSWORD_FILE": "/etc/kafka-pki/zookeeper.password",
                 "KAFKA_BROKER_KEYSTORE_FILE": "/etc/kafka-pki/broker-keystore.pem",
                 "KAFKA_BROKER_CA_FILE": "/etc/kafka-pki/brokers-ca.crt"}
-        _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
+        if zookeeper_tls:
+            env |= {"KAFKA_ZOOKEEPER_CONNECT": f"{zk}:2182",
+                    "KAFKA_ZOOKEEPER_CA_FILE": "/etc/kafka-pki/zookeeper-ca.crt"}
+            _add_scram_user(lab, zk, *operator, login=pki)
+        else:
+            _add_scram_user(lab, zk, *operator)     # without the ZooKeeper login: an open znode, as on an old site
     else:
         env |= {"KAFKA_EXTERNAL_PLAINTEXT": "1", "KAFKA_INTERNAL_PLAINTEXT": "1"}
     ports = {port: 9094} | ({services_port: 9095} if services_port else {})
@@ -187,11 +243,24 @@ def secure_zookeeper(lab: Lab, cluster: KafkaCluster) -> str:
     return result.stdout + result.stderr
 
 
-def _add_scram_user(lab: Lab, zk: str, user: str, password: str) -> None:
+def _add_scram_user(lab: Lab, zk: str, user: str, password: str, login: Path | None = None) -> None:
     """The operator's SCRAM credential, written into ZooKeeper before the broker starts (the stacks
-    use iot-kafka-access over INTERNAL instead; a test's password may sit on a command line)."""
+    use iot-kafka-access over SERVICES instead; a test's password may sit on a command line). With `login` (the
+    pki directory), logged in to ZooKeeper as the brokers are, which a server refusing sessions without it needs;
+    from inside its container, on the loopback's client port in clear."""
+    command = ["kafka-configs"]
+    if login:
+        jaas = login / "zookeeper-client.jaas"
+        password_text = (login / "zookeeper.password").read_text().strip()
+        jaas.write_text('Client {\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n'
+                        f'  username="kafka"\n  password="{password_text}";\n}};\n')
+        jaas.chmod(0o644)
+        command = ["java", "-Djava.security.auth.login.config=/etc/kafka-pki/zookeeper-client.jaas",
+                   "-Dlog4j.configuration=file:/opt/kafka/config/tools-log4j.properties", "-cp", "/opt/kafka/libs/*",
+                   "kafka.admin.ConfigCommand"]
+
     def added() -> bool:
-        result = lab.exec(zk, "kafka-configs", "--zookeeper", "localhost:2181", "--alter", "--add-config",
+        result = lab.exec(zk, *command, "--zookeeper", "localhost:2181", "--alter", "--add-config",
                           f"SCRAM-SHA-512=[password={password}]", "--entity-type", "users", "--entity-name", user)
         return result.returncode == 0
 

@@ -320,3 +320,51 @@ def test_a_cassandra_node_alone_in_its_ring_moves_onto_tls_between_nodes_in_one_
     planned = rollout_stages(text(before), text(after))
     assert [s["service"] for s in planned] == ["", "cassandra-1"]
     assert internode(yaml.safe_load(planned[-1]["text"]), "cassandra-1") == "required"
+
+
+ZOOKEEPERS = ("zookeeper-1", "zookeeper-2", "zookeeper-3")
+
+
+def without_zookeeper_tls(stack: dict) -> dict:
+    """A site's stack as deployed before ZooKeeper took clients over TLS: the servers' client port in clear on
+    every address, the brokers reaching it there without the ZooKeeper CA."""
+    for name in ZOOKEEPERS:
+        service = stack["services"][name]
+        env = service["environment"]
+        del env["ZOO_TLS_KEYSTORE_FILE"], env["ZOO_CLIENT_TLS"]
+        env["ZOO_SERVERS"] = " ".join(f"{server};2181" for server in env["ZOO_SERVERS"].split())
+        service["secrets"] = [s for s in service["secrets"] if "keystore" not in str(s)]
+    for name in BROKERS:
+        service = stack["services"][name]
+        env = service["environment"]
+        del env["KAFKA_ZOOKEEPER_CA_FILE"]
+        env["KAFKA_ZOOKEEPER_CONNECT"] = env["KAFKA_ZOOKEEPER_CONNECT"].replace(":2182", ":2181")
+        service["secrets"] = [s for s in service["secrets"] if "zookeeper_ca" not in str(s)]
+    return stack
+
+
+def test_zookeeper_servers_open_tls_and_close_clear_only_after_every_broker_moved(topology):
+    """A site deployed before ZooKeeper over TLS (issue 30): each server first takes clients over TLS and in
+    clear, one per stage, the leader last; each broker then moves onto TLS; only then does each server restart
+    on its definition that takes clear on its loopback only. No stage has a broker that cannot reach every
+    server."""
+    before = without_zookeeper_tls(render("edge", topology, ids=image_ids()))
+    after = render("edge", topology, ids=image_ids())
+    planned = stages(before, after, leader="2")
+    opened = " (clients over TLS opened)"
+    assert [s["service"] for s in planned] == [
+        "", "zookeeper-1" + opened, "zookeeper-3" + opened, "zookeeper-2" + opened, *BROKERS,
+        "zookeeper-1", "zookeeper-3", "zookeeper-2"]
+    for index, stage in enumerate(planned):
+        services = stage["stack"]["services"]
+        modes = {name: services[name]["environment"].get("ZOO_CLIENT_TLS", "clear") for name in ZOOKEEPERS}
+        on_tls = [name for name in BROKERS if "KAFKA_ZOOKEEPER_CA_FILE" in services[name]["environment"]]
+        if on_tls:
+            assert "clear" not in modes.values(), (index, modes)       # a broker on TLS reaches every server
+        if "required" in modes.values():
+            assert on_tls == list(BROKERS), (index, on_tls)             # no broker left in clear
+        assert set(modes.values()) <= {"clear", "optional", "required"}, modes
+        if 1 <= index <= 3:
+            assert services[planned[index]["service"].split()[0]]["environment"]["ZOO_CLIENT_TLS"] == "optional"
+    assert planned[-1]["stack"]["services"] == after["services"]
+    assert all(s["kafka_tls"] for s in planned)

@@ -24,7 +24,7 @@ def test_example_inventory_gives_three_of_each_per_site(example):
         topology = site_topology(hostvars, groups[group], group.replace("_", "-"),
                                          "datacenter" if group == "datacenter" else "edge")
         assert [len(topology[r]) for r in ("zookeeper", "kafka", "cassandra")] == [3, 3, 3]
-    assert topology["zookeeper_connect"] == "zookeeper-1:2181,zookeeper-2:2181,zookeeper-3:2181"
+    assert topology["zookeeper_connect"] == "zookeeper-1:2182,zookeeper-2:2182,zookeeper-3:2182"   # over TLS
 
 
 def test_relay_sees_every_edge_site_with_external_bootstrap(example):
@@ -199,6 +199,18 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
     assert targets["kafka_broker_keystore.pem"].startswith("kafka_2_broker_keystore")
     assert targets["kafka_brokers_ca.pem"].startswith("kafka_brokers_ca")
     assert all(port["target"] != 9093 for port in services["kafka-2"]["ports"])     # the overlay only
+    # ZooKeeper's clients over TLS only (2182), each server its own keystore of the site's ZooKeeper CA; the
+    # brokers check the servers against that CA; clear on a server's loopback only (ZOO_CLIENT_TLS).
+    zookeeper = services["zookeeper-3"]
+    assert (zookeeper["environment"]["ZOO_TLS_KEYSTORE_FILE"], zookeeper["environment"]["ZOO_CLIENT_TLS"]) == \
+        ("/run/secrets/zookeeper_keystore.pem", "required")
+    assert ";2181" not in zookeeper["environment"]["ZOO_SERVERS"]          # no client address on every interface
+    targets = {s["target"]: s["source"] for s in zookeeper["secrets"]}
+    assert targets["zookeeper_keystore.pem"].startswith("zookeeper_3_keystore")
+    assert kafka["KAFKA_ZOOKEEPER_CONNECT"] == "zookeeper-1:2182,zookeeper-2:2182,zookeeper-3:2182"
+    assert kafka["KAFKA_ZOOKEEPER_CA_FILE"] == "/run/secrets/zookeeper_ca.pem"
+    targets = {s["target"]: s["source"] for s in services["kafka-2"]["secrets"]}
+    assert targets["zookeeper_ca.pem"].startswith("zookeeper_ca")
     # CQL over TLS: each node its own keystore of the site's Cassandra CA; the adapter checks nodes against it.
     cassandra = services["cassandra-3"]
     env = cassandra["environment"]

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 TOPOLOGY = {"kafka": [{"id": 1, "address": "10.20.0.11"}, {"id": 2, "address": "kafka-b.factory.example"}],
-            "cassandra": [{"id": 1}, {"id": 2}, {"id": 3}],
+            "cassandra": [{"id": 1}, {"id": 2}, {"id": 3}], "zookeeper": [{"id": 1}, {"id": 2}, {"id": 3}],
             "mqtt_addresses": ["10.20.0.11", "10.20.0.12"], "apps_address": "10.20.0.13"}
 
 PLAY = """
@@ -79,7 +79,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
                             "mosquitto_tls_cert", "mosquitto_tls_key", "prometheus_tls_cert", "prometheus_tls_key",
                             "spark_auth_secret", "kafka_brokers_ca", "kafka_1_broker_keystore",
                             "kafka_2_broker_keystore", "cassandra_ca", "cassandra_1_keystore",
-                            "cassandra_2_keystore", "cassandra_3_keystore"}
+                            "cassandra_2_keystore", "cassandra_3_keystore", "zookeeper_ca", "zookeeper_1_keystore",
+                            "zookeeper_2_keystore", "zookeeper_3_keystore"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
@@ -190,6 +191,24 @@ def test_each_cassandra_node_gets_a_certificate_of_the_sites_cassandra_ca_only(r
         cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]    # the server's, before its CA
         with pytest.raises(ValueError, match="does not match certificate issuer"):
             cert.verify_directly_issued_by(cassandra_ca)
+
+
+def test_each_zookeeper_server_gets_a_certificate_of_the_sites_zookeeper_ca_only(runs):
+    """ZooKeeper's clients over TLS (issue 30): the brokers check a server's certificate and name against a CA
+    of the site that issues only its ZooKeeper servers' certificates, so no broker's, Cassandra node's,
+    Mosquitto's or Prometheus' certificate passes for one."""
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    zookeeper_ca = _site_ca(secrets, "zookeeper_ca", "zookeeper",
+                            others=("kafka_ca", "kafka_clients_ca", "kafka_brokers_ca", "cassandra_ca"))
+    for server in TOPOLOGY["zookeeper"]:
+        cert = _keystore_cert(secrets[f"zookeeper_{server['id']}_keystore"], zookeeper_ca)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert names.get_values_for_type(x509.DNSName) == [f"zookeeper-{server['id']}"]
+    for other in ("kafka_1_broker_keystore", "cassandra_1_keystore", "mosquitto_tls_cert", "prometheus_tls_cert"):
+        cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]
+        with pytest.raises(ValueError, match="does not match certificate issuer"):
+            cert.verify_directly_issued_by(zookeeper_ca)
 
 
 def test_the_datacenter_gets_the_relays_keystore_as_kafkas_pem_loader_reads_it(tmp_path):
