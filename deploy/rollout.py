@@ -30,6 +30,7 @@ KIND_ORDER = ("zookeeper", "kafka", "cassandra")
 DEPLOYED_SUFFIX = "__deployed"
 TLS_KEYSTORE = "CASSANDRA_TLS_KEYSTORE_FILE"        # a Cassandra node with CQL over TLS
 INTERNODE_TLS = "CASSANDRA_INTERNODE_TLS"           # and between nodes: required, sending or accepting
+QUORUM_TLS = "ZOO_QUORUM_TLS"                       # ZooKeeper servers between them: the same four values
 CQL_CA = "ADAPTER_CASSANDRA_CA_FILE"                # a CQL client checking nodes against the Cassandra CA
 BROKERS_CA = "kafka_brokers_ca"                     # the secret of a Kafka client on SERVICES (TLS)
 ZOOKEEPER_TLS = "ZOO_TLS_KEYSTORE_FILE"             # a ZooKeeper server taking clients over TLS
@@ -117,20 +118,24 @@ def _gains_zookeeper_tls(deployed_service: dict, new_service: dict) -> bool:
     return not _env(deployed_service, ZOOKEEPER_TLS) and bool(_env(new_service, ZOOKEEPER_TLS))
 
 
-def _internode_tls(service: dict) -> str:
-    """A Cassandra node's TLS between nodes. The stack names it with the keystore; a definition with the keystore
-    and without the setting was deployed before inter-node TLS existed, and its image sends and takes clear."""
+def _internode_tls(name: str, service: dict) -> str:
+    """A Cassandra node's TLS between nodes, or a ZooKeeper server's between servers. The stack names a Cassandra
+    node's with the keystore; a definition with the keystore and without the setting was deployed before
+    inter-node TLS existed, and its image sends and takes clear."""
+    if name.startswith("zookeeper-"):
+        return _env(service, QUORUM_TLS) or "off"
     return (_env(service, INTERNODE_TLS) or "off") if _env(service, TLS_KEYSTORE) else "off"
 
 
 def _gains_internode_tls(name: str, deployed: dict, new: dict) -> bool:
-    """A Cassandra node that will refuse clear from its peers, and has peers: they must all take TLS, then all
-    send it, before the first refuses clear (a node alone in its ring restarts once)."""
+    """A Cassandra node or ZooKeeper server that will refuse clear from its peers, and has peers: they must all
+    take TLS, then all send it, before the first refuses clear (a node alone restarts once)."""
+    kind = name.split("-")[0] + "-"
     old_services = deployed.get("services") or {}
-    peers = [other for other in old_services if other != name and other.startswith("cassandra-")
-             and STATEFUL.match(other)]
-    return (name.startswith("cassandra-") and bool(peers) and _internode_tls(old_services[name]) != "required"
-            and _internode_tls(new["services"][name]) == "required")
+    peers = [other for other in old_services if other != name and other.startswith(kind) and STATEFUL.match(other)]
+    return (kind in ("cassandra-", "zookeeper-") and bool(peers)
+            and _internode_tls(name, old_services[name]) != "required"
+            and _internode_tls(name, new["services"][name]) == "required")
 
 
 def _gained_listeners(name: str, deployed: dict, new: dict) -> list[str]:
@@ -149,7 +154,8 @@ def _opens(name: str, deployed: dict, new: dict) -> bool:
     if name.startswith("kafka-"):
         return bool(_gained_listeners(name, deployed, new))
     if name.startswith("zookeeper-"):
-        return _gains_zookeeper_tls(deployed["services"][name], new["services"][name])
+        return (_gains_zookeeper_tls(deployed["services"][name], new["services"][name])
+                or _gains_internode_tls(name, deployed, new))
     if name.startswith("cassandra-"):
         return (_gains_cql_tls(deployed["services"][name], new["services"][name])
                 or _gains_internode_tls(name, deployed, new))
@@ -160,7 +166,7 @@ def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
     """The new definition of an opening or sending node: a broker with its new listeners open, replication
     still on INTERNAL when BROKER is one of them; a Cassandra node taking CQL over TLS and in clear (when it
     gains CQL over TLS), and between nodes `internode` (when it gains TLS there); a ZooKeeper server taking
-    clients over TLS and, on every address, in clear."""
+    clients over TLS and, on every address, in clear (when it gains that), and between servers `internode`."""
     service = new["services"][name]
     opened = copy.deepcopy(service)
     if name.startswith("kafka-"):
@@ -168,7 +174,9 @@ def _serving_both(name: str, deployed: dict, new: dict, internode: str) -> dict:
         both = {"KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL"} if gains_broker else {}
         both |= _keeping_internal(deployed["services"][name], _environment(service))
     elif name.startswith("zookeeper-"):
-        both = {"ZOO_CLIENT_TLS": "optional"}
+        both = {"ZOO_CLIENT_TLS": "optional"} if _gains_zookeeper_tls(deployed["services"][name], service) else {}
+        if _gains_internode_tls(name, deployed, new):
+            both[QUORUM_TLS] = internode
     else:
         both = {"CASSANDRA_CLIENT_TLS": "optional"} if _gains_cql_tls(deployed["services"][name], service) else {}
         if _gains_internode_tls(name, deployed, new):
@@ -225,7 +233,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     if not order:
         return []
     opening = [name for name in order if _opens(name, deployed, new)]
-    order = _brokers_before_closing_zookeeper(order, opening)
+    order = _brokers_before_closing_zookeeper(order, opening, deployed, new)
     sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
     gaining_cql = [name for name in opening if name.startswith("cassandra-")
                    and _gains_cql_tls(deployed["services"][name], new["services"][name])]
@@ -257,8 +265,8 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     def opened_label(name: str) -> str:
         if name.startswith("kafka-"):
             return " and ".join(_gained_listeners(name, deployed, new)) + " opened"
-        if name.startswith("zookeeper-"):
-            return ZOOKEEPER_OPENED
+        if name.startswith("zookeeper-") and _gains_zookeeper_tls(deployed["services"][name], new["services"][name]):
+            return ZOOKEEPER_OPENED + (", " + INTERNODE_OPENED if name in sending else "")
         return CQL_OPENED if name in gaining_cql else INTERNODE_OPENED
 
     before = {"cassandra_tls": not gaining_cql, "kafka_tls": not gaining_services}   # until all have opened
@@ -275,10 +283,11 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     return stages
 
 
-def _brokers_before_closing_zookeeper(order: list[str], opening: list[str]) -> list[str]:
+def _brokers_before_closing_zookeeper(order: list[str], opening: list[str], deployed: dict, new: dict) -> list[str]:
     """The roll order with each ZooKeeper server that opened TLS for clients moved after the brokers: its new
     definition takes clear on its loopback only, and a broker not rolled yet still reaches it in clear."""
-    closing = [name for name in order if name.startswith("zookeeper-") and name in opening]
+    closing = [name for name in order if name.startswith("zookeeper-") and name in opening
+               and _env(new["services"][name], ZOOKEEPER_TLS) and not _env(deployed["services"][name], ZOOKEEPER_TLS)]
     if not closing:
         return order
     rest = [name for name in order if name not in closing]

@@ -327,13 +327,14 @@ ZOOKEEPERS = ("zookeeper-1", "zookeeper-2", "zookeeper-3")
 
 def without_zookeeper_tls(stack: dict) -> dict:
     """A site's stack as deployed before ZooKeeper took clients over TLS: the servers' client port in clear on
-    every address, the brokers reaching it there without the ZooKeeper CA."""
+    every address, the brokers reaching it there without the ZooKeeper CA, the servers' quorum in clear."""
     for name in ZOOKEEPERS:
         service = stack["services"][name]
         env = service["environment"]
-        del env["ZOO_TLS_KEYSTORE_FILE"], env["ZOO_CLIENT_TLS"]
+        for key in ("ZOO_TLS_KEYSTORE_FILE", "ZOO_CLIENT_TLS", "ZOO_TLS_CA_FILE", "ZOO_QUORUM_TLS"):
+            del env[key]
         env["ZOO_SERVERS"] = " ".join(f"{server};2181" for server in env["ZOO_SERVERS"].split())
-        service["secrets"] = [s for s in service["secrets"] if "keystore" not in str(s)]
+        service["secrets"] = [s for s in service["secrets"] if "keystore" not in str(s) and "_ca" not in str(s)]
     for name in BROKERS:
         service = stack["services"][name]
         env = service["environment"]
@@ -343,20 +344,30 @@ def without_zookeeper_tls(stack: dict) -> dict:
     return stack
 
 
+QUORUM_ORDER = {"off": 0, "accepting": 1, "sending": 2, "required": 3}
+
+
 def test_zookeeper_servers_open_tls_and_close_clear_only_after_every_broker_moved(topology):
     """A site deployed before ZooKeeper over TLS (issue 30): each server first takes clients over TLS and in
-    clear, one per stage, the leader last; each broker then moves onto TLS; only then does each server restart
-    on its definition that takes clear on its loopback only. No stage has a broker that cannot reach every
-    server."""
+    clear, and its peers over TLS and in clear, one per stage, the leader last; then each sends TLS to its
+    peers; each broker then moves onto TLS; only then does each server restart on its definition that takes
+    clear on its loopback only and TLS only from its peers. No stage has a broker that cannot reach every
+    server, nor a server that refuses what a peer sends it."""
     before = without_zookeeper_tls(render("edge", topology, ids=image_ids()))
     after = render("edge", topology, ids=image_ids())
     planned = stages(before, after, leader="2")
-    opened = " (clients over TLS opened)"
+    opened, sent = " (clients over TLS opened, inter-node TLS accepted)", " (inter-node TLS sent)"
     assert [s["service"] for s in planned] == [
-        "", "zookeeper-1" + opened, "zookeeper-3" + opened, "zookeeper-2" + opened, *BROKERS,
+        "", "zookeeper-1" + opened, "zookeeper-3" + opened, "zookeeper-2" + opened,
+        "zookeeper-1" + sent, "zookeeper-3" + sent, "zookeeper-2" + sent, *BROKERS,
         "zookeeper-1", "zookeeper-3", "zookeeper-2"]
     for index, stage in enumerate(planned):
         services = stage["stack"]["services"]
+        quorum = [QUORUM_ORDER[services[name]["environment"].get("ZOO_QUORUM_TLS", "off")] for name in ZOOKEEPERS]
+        if max(quorum) >= QUORUM_ORDER["sending"]:
+            assert min(quorum) >= QUORUM_ORDER["accepting"], (index, quorum)    # TLS sent only to who takes it
+        if max(quorum) == QUORUM_ORDER["required"]:
+            assert min(quorum) >= QUORUM_ORDER["sending"], (index, quorum)      # clear refused only when none sends it
         modes = {name: services[name]["environment"].get("ZOO_CLIENT_TLS", "clear") for name in ZOOKEEPERS}
         on_tls = [name for name in BROKERS if "KAFKA_ZOOKEEPER_CA_FILE" in services[name]["environment"]]
         if on_tls:
@@ -364,7 +375,7 @@ def test_zookeeper_servers_open_tls_and_close_clear_only_after_every_broker_move
         if "required" in modes.values():
             assert on_tls == list(BROKERS), (index, on_tls)             # no broker left in clear
         assert set(modes.values()) <= {"clear", "optional", "required"}, modes
-        if 1 <= index <= 3:
+        if 1 <= index <= 6:
             assert services[planned[index]["service"].split()[0]]["environment"]["ZOO_CLIENT_TLS"] == "optional"
     assert planned[-1]["stack"]["services"] == after["services"]
     assert all(s["kafka_tls"] for s in planned)

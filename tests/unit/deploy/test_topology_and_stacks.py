@@ -205,6 +205,9 @@ def test_stateful_services_are_one_per_node_with_own_volume(example):
     assert (zookeeper["environment"]["ZOO_TLS_KEYSTORE_FILE"], zookeeper["environment"]["ZOO_CLIENT_TLS"]) == \
         ("/run/secrets/zookeeper_keystore.pem", "required")
     assert ";2181" not in zookeeper["environment"]["ZOO_SERVERS"]          # no client address on every interface
+    # The servers among themselves: mutual TLS with certificates of the same CA.
+    assert (zookeeper["environment"]["ZOO_QUORUM_TLS"], zookeeper["environment"]["ZOO_TLS_CA_FILE"]) == \
+        ("required", "/run/secrets/zookeeper_ca.pem")
     targets = {s["target"]: s["source"] for s in zookeeper["secrets"]}
     assert targets["zookeeper_keystore.pem"].startswith("zookeeper_3_keystore")
     assert kafka["KAFKA_ZOOKEEPER_CONNECT"] == "zookeeper-1:2182,zookeeper-2:2182,zookeeper-3:2182"
