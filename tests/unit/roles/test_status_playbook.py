@@ -113,12 +113,15 @@ sys.exit(f"fake docker: unexpected {args}")
 '''
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("status")
+def _status(root: Path, sites_with_ca=("datacenter", "site-a", "site-b")):
+    """status.yml run with the fake docker, in `root`; the brokers CA that site.yml writes on each manager exists
+    for `sites_with_ca` only. Returns (result, docker calls, JSON report or None)."""
     inventory, fake, tools, secrets = root / "inventory", root / "bin", root / "tools", root / "secrets"
     for path in (inventory / "group_vars" / "all", fake, tools, secrets, root / "tmp"):
         path.mkdir(parents=True)
+    for site in sites_with_ca:
+        (root / "opt" / site).mkdir(parents=True)
+        (root / "opt" / site / "kafka_brokers_ca.pem").write_text("a certificate\n")
     (inventory / "hosts.ini").write_text(INVENTORY)
     (inventory / "group_vars" / "all" / "secrets.yml").write_text(SECRETS.replace("{stack_dir}", str(root / "opt")))
     (secrets / "cassandra_password").write_text(CASSANDRA_PASSWORD + "\n")
@@ -135,12 +138,17 @@ def run(tmp_path_factory):
                PATH=f"{fake}:{BIN}:{os.environ.get('PATH', '')}")
     result = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "ansible/status.yml"),
                              "-e", "ansible_become=false", "-e", "status_sample_seconds=2",
-                             "-e", f"status_json_file={root / 'status.json'}",
+                             "-e", f"status_json_file={root / 'status.json'}", "-e", f"iot_stack_dir={root / 'opt'}",
                              "-e", "ansible_python_interpreter=" + sys.executable],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     report = json.loads((root / "status.json").read_text()) if (root / "status.json").exists() else None
     return result, calls, report
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _status(tmp_path_factory.mktemp("status"))
 
 
 def _rows(result, report) -> dict[str, dict]:
@@ -207,3 +215,16 @@ def test_mirrormaker_offsets_are_read_for_every_edge_site_without_committing(run
     assert '"enable.auto.commit": False' in script and '"isolation.level": "read_committed"' in script
     assert json.loads(mm2["stdin"]) == {"user": "operator", "password": OPERATOR_PASSWORD}
     assert OPERATOR_PASSWORD not in " ".join(argv)
+
+
+def test_a_site_whose_site_yml_did_not_write_the_ca_is_named_with_the_fix(tmp_path):
+    """A site that has not run site.yml with this release has no brokers CA on its manager: its row says it did
+    not answer, the run names the missing file and site.yml, and no probe of it starts (Docker would say only
+    "bind source path does not exist")."""
+    result, calls, report = _status(tmp_path, sites_with_ca=("datacenter", "site-a"))
+    rows = _rows(result, report)
+    assert rows["site-b"]["services converged"] == "no answer", rows["site-b"]
+    assert rows["site-a"]["services converged"] == "5/5", rows["site-a"]
+    assert f"{tmp_path}/opt/site-b/kafka_brokers_ca.pem is missing on site-b-1" in result.stdout, result.stdout[-3000:]
+    assert "ansible/site.yml" in result.stdout
+    assert not any(call["argv"][:3] == ["stack", "services", "site-b"] for call in calls)
