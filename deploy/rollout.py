@@ -5,13 +5,11 @@ changed file would restart them all at once. The stack role deploys it in stages
 
   stage 0     the new file, every changed stateful service on its deployed definition;
   opening     a node gaining a TLS listener that others will need serves both ways, one per stage: a broker
-              opens BROKER, replicating on INTERNAL, and SERVICES, keeping INTERNAL (which its new definition
-              closes); a Cassandra node takes CQL over TLS and clear, and TLS from its peers, sending clear;
-              a ZooKeeper server takes clients over TLS and in clear (_serving_both); CQL and Kafka clients
-              gaining TLS wait for all of these;
-  sending     then each Cassandra node gaining TLS between nodes sends it, still taking clear;
-  stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra;
-              a ZooKeeper server that opened TLS closes clear only after every broker has moved onto TLS.
+              opens BROKER and SERVICES, keeping INTERNAL; a Cassandra node or ZooKeeper server takes TLS and
+              clear from clients and peers, sending clear (_serving_both); clients gaining TLS wait for these;
+  sending     then each Cassandra node or ZooKeeper server gaining TLS between nodes sends it, taking clear;
+  stage 1..n  one more stateful service on its new definition: ZooKeeper (leader last), Kafka, Cassandra; a
+              ZooKeeper server that opened TLS for clients closes clear after every broker moved onto TLS.
 
 Between stages the role waits for its health gates. A kept definition whose configs or secrets changed since
 points at the deployed Swarm objects, declared `external` under `<key>__deployed`.
