@@ -231,7 +231,7 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     if not order:
         return []
     opening = [name for name in order if _opens(name, deployed, new)]
-    order = _brokers_before_closing_zookeeper(order, opening, deployed, new)
+    order = _brokers_before_closing_zookeeper(order, deployed, new)
     sending = [name for name in opening if _gains_internode_tls(name, deployed, new)]
     gaining_cql = [name for name in opening if name.startswith("cassandra-")
                    and _gains_cql_tls(deployed["services"][name], new["services"][name])]
@@ -281,11 +281,11 @@ def rollout_stages(deployed_text: object, new_text: object, zookeeper_leader: ob
     return stages
 
 
-def _brokers_before_closing_zookeeper(order: list[str], opening: list[str], deployed: dict, new: dict) -> list[str]:
+def _brokers_before_closing_zookeeper(order: list[str], deployed: dict, new: dict) -> list[str]:
     """The roll order with each ZooKeeper server that opened TLS for clients moved after the brokers: its new
     definition takes clear on its loopback only, and a broker not rolled yet still reaches it in clear."""
-    closing = [name for name in order if name.startswith("zookeeper-") and name in opening
-               and _env(new["services"][name], ZOOKEEPER_TLS) and not _env(deployed["services"][name], ZOOKEEPER_TLS)]
+    closing = [name for name in order if name.startswith("zookeeper-")
+               and _gains_zookeeper_tls(deployed["services"][name], new["services"][name])]
     if not closing:
         return order
     rest = [name for name in order if name not in closing]
