@@ -43,7 +43,7 @@ from services.common.dead_letter import (
     bounded_detail,
     dead_letter,
 )
-from services.common.observability import StopFlag, kv, serve_http, setup_logging
+from services.common.observability import StopFlag, kv, metrics_tls, serve_http, setup_logging
 from services.common.offsets import OffsetTracker
 from services.common.settings import SettingsError
 
@@ -504,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("cassandra-adapter", settings.log_level)
     adapter = Adapter(settings, mappings, StopFlag())
     if settings.metrics_port:
-        serve_http(settings.metrics_port, adapter.health, exposition)
+        serve_http(settings.metrics_port, adapter.health, exposition,
+                   tls=metrics_tls(settings.metrics_keystore, settings.metrics_client_ca))
     return adapter.run()
 
 

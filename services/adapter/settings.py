@@ -84,6 +84,10 @@ class Settings:
     dead_letter_topic: str = _option("ADAPTER_DEAD_LETTER_TOPIC", names.DEAD_LETTER,
                                      "topic for records that can never be written")
     metrics_port: int = _option("ADAPTER_METRICS_PORT", 9102, "port of /metrics and /healthz (0: off)", int)
+    metrics_keystore: str = _option(
+        "ADAPTER_METRICS_KEYSTORE", "", "PEM file (key, certificate, CA) of /metrics over TLS; empty: in clear")
+    metrics_client_ca: str = _option(
+        "ADAPTER_METRICS_CLIENT_CA", "", "CA whose certificates may scrape /metrics (with ADAPTER_METRICS_KEYSTORE)")
     log_level: str = _option("ADAPTER_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR")
 
 
@@ -128,6 +132,8 @@ def load(args: argparse.Namespace) -> Settings:
     if not hosts:
         raise SettingsError("ADAPTER_CASSANDRA_HOSTS is empty")
     settings.readable_file("ADAPTER_CASSANDRA_CA_FILE", values["cassandra_ca_file"])
+    settings.readable_pair(("ADAPTER_METRICS_KEYSTORE", "ADAPTER_METRICS_CLIENT_CA"),
+                           (values["metrics_keystore"], values["metrics_client_ca"]))
     password = settings.secret("cassandra_password", required=bool(values["username"]))
     return Settings(**{**values, "cassandra_hosts": hosts, "consistency": consistency, "password": password,
                        "replication": parse_replication(values["replication"])})

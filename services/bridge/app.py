@@ -35,7 +35,7 @@ from services.bridge.window import Entry, Window
 from services.common import kafka_auth, names
 from services.common.backoff import Backoff
 from services.common.dead_letter import UNPROCESSABLE, DeadLetter, dead_letter
-from services.common.observability import StopFlag, kv, serve_http, setup_logging
+from services.common.observability import StopFlag, kv, metrics_tls, serve_http, setup_logging
 from services.common.settings import SettingsError
 from services.mqtt.codec import reason_name
 from services.mqtt.session import MqttSession, tls_context
@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     bridge = Bridge(s, mapping, stop)
     if s.metrics_port:
-        serve_http(s.metrics_port, bridge.health, metrics.exposition)
+        serve_http(s.metrics_port, bridge.health, metrics.exposition,
+                   tls=metrics_tls(s.metrics_keystore, s.metrics_client_ca))
     return bridge.run()
 
 

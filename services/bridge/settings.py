@@ -114,6 +114,10 @@ class BridgeSettings:
         "sensor is not registered to the device in its topic goes to the dead-letter topic "
         "(unregistered_sensor, foreign_sensor); empty: no ownership check", field_default=None)
     metrics_port: int = setting("BRIDGE_METRICS_PORT", 9102, "port of /metrics and /healthz; 0 disables", int)
+    metrics_keystore: str = setting(
+        "BRIDGE_METRICS_KEYSTORE", "", "PEM file (key, certificate, CA) of /metrics over TLS; empty: in clear")
+    metrics_client_ca: str = setting(
+        "BRIDGE_METRICS_CLIENT_CA", "", "CA whose certificates may scrape /metrics (with BRIDGE_METRICS_KEYSTORE)")
     drain_s: float = setting(
         "BRIDGE_DRAIN_S", 8.0,
         "seconds to flush Kafka and send the last PUBACKs on SIGTERM (keep below the stop grace period)",
@@ -137,6 +141,8 @@ class BridgeSettings:
         if not 0 <= self.mqtt_port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise settings.SettingsError("BRIDGE_MQTT_PORT and BRIDGE_METRICS_PORT must be TCP ports (0..65535)")
         settings.readable_file("BRIDGE_MQTT_CA_FILE", self.mqtt_ca_file)
+        settings.readable_pair(("BRIDGE_METRICS_KEYSTORE", "BRIDGE_METRICS_CLIENT_CA"),
+                               (self.metrics_keystore, self.metrics_client_ca))
         if self.session_expiry_s < 0 or self.kafka_message_timeout_ms < 0 or self.drain_s < 0:
             raise settings.SettingsError("session expiry, Kafka message timeout and drain time must not be negative")
         if "/" in self.share_group or "+" in self.share_group or "#" in self.share_group:

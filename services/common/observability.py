@@ -5,12 +5,18 @@
   (body, content type); each service passes its own Prometheus exposition) and
   /healthz (200 when `health()` returns (True, detail), else 503) on a daemon thread. A client that hangs
   up before the answer is written (the container healthcheck reads only the status line) is not an error.
+  With `tls` (metrics_tls(keystore, client CA)) a client must speak TLS and show a certificate of that CA
+  (the site's Prometheus: the scrapers CA); only the container's own healthcheck may ask /healthz in clear,
+  from loopback (tests/integration/test_metrics_tls.py).
 - `StopFlag`: set by SIGTERM/SIGINT; services drain and exit when it is set.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
+import socket
+import ssl
 import sys
 import threading
 from collections.abc import Callable
@@ -65,11 +71,63 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+_TLS_HANDSHAKE = b"\x16"  # the first byte of a TLS record carrying a ClientHello
+_FIRST_BYTE_S = 10.0  # how long a connection may stay silent before its first byte
+
+
+def metrics_tls(keystore: str, client_ca: str) -> ssl.SSLContext | None:
+    """The TLS context of a /metrics endpoint, None without a keystore: its own key and certificate (one PEM
+    file with the key, the certificate and its CA, as the pki role's keystores are), and the CA whose
+    certificates may scrape. A file that is not what it should be raises ValueError naming it."""
+    if not keystore:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    for what, path, load in (("keystore (key and certificate, PEM)", keystore, context.load_cert_chain),
+                             ("client CA (PEM)", client_ca, context.load_verify_locations)):
+        try:
+            load(path)
+        except (OSError, ssl.SSLError) as err:
+            raise ValueError(f"the metrics {what} {path} cannot be used: {err}") from err
+    return context
+
+
+class _TLSServer(_Server):
+    """TLS for every client but the container's own healthcheck: a connection whose first byte is not a TLS
+    handshake is served in clear only from loopback, and then only /healthz (Handler.plain)."""
+
+    def __init__(self, address: tuple[str, int], handler: type, tls: ssl.SSLContext):
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request, client_address) -> None:  # in the request's own thread
+        request.settimeout(_FIRST_BYTE_S)
+        try:
+            first = request.recv(1, socket.MSG_PEEK)
+            if first == _TLS_HANDSHAKE:
+                request = self.tls.wrap_socket(request, server_side=True)
+            elif not first or not ipaddress.ip_address(client_address[0]).is_loopback:
+                return  # silent, or clear text from the network: hang up (shutdown_request closes it)
+        except (OSError, ValueError):  # a failed handshake (no certificate, another CA) or a reset
+            return
+        handler = self.RequestHandlerClass
+        handler(request, client_address, self, plain=not isinstance(request, ssl.SSLSocket))
+        if isinstance(request, ssl.SSLSocket):
+            request.close()
+
+
 def serve_http(port: int, health: HealthProbe, metrics: MetricsExposition,
-               host: str = "0.0.0.0") -> ThreadingHTTPServer:
+               host: str = "0.0.0.0", tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
+        def __init__(self, *args, plain: bool = True, **kwargs) -> None:
+            self.plain = plain and tls is not None  # clear text where TLS is required: /healthz only
+            super().__init__(*args, **kwargs)
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if self.path.startswith("/metrics"):
+            if self.plain and not self.path.startswith("/healthz"):
+                body, status, ctype = b"over TLS only, with a certificate of the scrapers CA\n", 403, "text/plain"
+            elif self.path.startswith("/metrics"):
                 (body, ctype), status = metrics(), 200
             elif self.path.startswith("/healthz"):
                 ok, detail = health()
@@ -85,7 +143,7 @@ def serve_http(port: int, health: HealthProbe, metrics: MetricsExposition,
         def log_message(self, *_args) -> None:  # scrapes would flood the log
             pass
 
-    server = _Server((host, port), Handler)
+    server = _TLSServer((host, port), Handler, tls) if tls else _Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
 

@@ -61,6 +61,14 @@ def readable_file(variable: str, path: str) -> None:
         raise SettingsError(f"{variable}={path!r} cannot be read: mount the file there, or leave {variable} empty")
 
 
+def readable_pair(variables: tuple[str, str], paths: tuple[str, str]) -> None:
+    """SettingsError unless both files are set and readable, or neither is (a keystore and its CA, say)."""
+    if bool(paths[0]) != bool(paths[1]):
+        raise SettingsError(f"{variables[0]} and {variables[1]} go together: set both, or leave both empty")
+    for variable, path in zip(variables, paths, strict=True):
+        readable_file(variable, path)
+
+
 def group_instance_id(text: str) -> str:
     """A parse function for a Kafka consumer's group.instance.id (static group membership; "" for none).
 

@@ -28,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.common import kafka_auth, names
 from services.common.backoff import Backoff
 from services.common.device_credentials import CredentialError, parse_credential
-from services.common.observability import StopFlag, kv, serve_http, setup_logging
+from services.common.observability import StopFlag, kv, metrics_tls, serve_http, setup_logging
 from services.common.settings import SettingsError
 from services.mosquitto_agent import metrics, protocol
 from services.mosquitto_agent import settings as agent_settings
@@ -460,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     agent = Agent(s, stop)
     if s.metrics_port:
-        serve_http(s.metrics_port, agent.health, metrics.exposition)
+        serve_http(s.metrics_port, agent.health, metrics.exposition,
+                   tls=metrics_tls(s.metrics_keystore, s.metrics_client_ca))
     return agent.run()
 
 

@@ -51,6 +51,11 @@ class AgentSettings:
                                      "the compacted topic of device logins")
     metrics_port: int = setting("MOSQUITTO_AGENT_METRICS_PORT", 9103, "port of /metrics and /healthz; 0 disables",
                                 settings.integer(0, 65535))
+    metrics_keystore: str = setting("MOSQUITTO_AGENT_METRICS_KEYSTORE", "",
+                                    "PEM file (key, certificate, CA) of /metrics over TLS; empty: in clear")
+    metrics_client_ca: str = setting(
+        "MOSQUITTO_AGENT_METRICS_CLIENT_CA", "",
+        "CA whose certificates may scrape /metrics (with MOSQUITTO_AGENT_METRICS_KEYSTORE)")
     snapshot_chunk: int = setting(
         "MOSQUITTO_AGENT_SNAPSHOT_CHUNK", 500,
         "most devices per snapshot, upsert or remove message (each also stays within Mosquitto's "
@@ -76,6 +81,8 @@ class AgentSettings:
             raise settings.SettingsError("MOSQUITTO_AGENT_MQTT_PORT and MOSQUITTO_AGENT_METRICS_PORT must be TCP "
                                          "ports (0..65535)")
         settings.readable_file("MOSQUITTO_AGENT_MQTT_CA_FILE", self.mqtt_ca_file)
+        settings.readable_pair(("MOSQUITTO_AGENT_METRICS_KEYSTORE", "MOSQUITTO_AGENT_METRICS_CLIENT_CA"),
+                               (self.metrics_keystore, self.metrics_client_ca))
 
 
 OPTIONS: tuple[settings.Option, ...] = settings.options_of(AgentSettings)

@@ -80,7 +80,8 @@ def test_each_keystore_is_key_certificate_and_ca_naming_the_brokers_address(runs
                             "spark_auth_secret", "kafka_brokers_ca", "kafka_1_broker_keystore",
                             "kafka_2_broker_keystore", "cassandra_ca", "cassandra_1_keystore",
                             "cassandra_2_keystore", "cassandra_3_keystore", "zookeeper_ca", "zookeeper_1_keystore",
-                            "zookeeper_2_keystore", "zookeeper_3_keystore"}
+                            "zookeeper_2_keystore", "zookeeper_3_keystore", "metrics_ca", "metrics_exporter_keystore",
+                            "scrapers_ca", "scraper_prometheus_keystore"}
     assert len(secrets["spark_auth_secret"].strip()) == 48
     ca = x509.load_pem_x509_certificate(secrets["kafka_ca"].encode())
     for kafka in TOPOLOGY["kafka"]:
@@ -209,6 +210,31 @@ def test_each_zookeeper_server_gets_a_certificate_of_the_sites_zookeeper_ca_only
         cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]
         with pytest.raises(ValueError, match="does not match certificate issuer"):
             cert.verify_directly_issued_by(zookeeper_ca)
+
+
+def test_metrics_endpoints_and_their_scraper_get_certificates_of_two_cas_that_issue_nothing_else(runs):
+    """The services' /metrics over mutual TLS (issue 30): Prometheus checks the endpoints' certificate against
+    the metrics CA, the endpoints let read only certificates of the scrapers CA. Neither the endpoints'
+    certificate nor any other service's passes for the scraper, and no other certificate for an endpoint."""
+    tmp_path, *_ = runs
+    secrets = json.loads((tmp_path / "secrets.json").read_text())
+    others = ("kafka_ca", "kafka_clients_ca", "kafka_brokers_ca", "cassandra_ca", "zookeeper_ca")
+    metrics_ca = _site_ca(secrets, "metrics_ca", "metrics", others=others)
+    scrapers_ca = _site_ca(secrets, "scrapers_ca", "scrapers", others=(*others, "metrics_ca"))
+    exporter = _keystore_cert(secrets["metrics_exporter_keystore"], metrics_ca)
+    names = exporter.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["metrics-exporter"]
+    scraper = _keystore_cert(secrets["scraper_prometheus_keystore"], scrapers_ca)
+    assert scraper.subject.rfc4514_string() == "CN=scraper-prometheus"
+    for other in ("metrics_exporter_keystore", "kafka_1_broker_keystore", "cassandra_1_keystore",
+                  "zookeeper_1_keystore", "mosquitto_tls_cert", "prometheus_tls_cert"):
+        cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]
+        with pytest.raises(ValueError, match="does not match certificate issuer"):
+            cert.verify_directly_issued_by(scrapers_ca)
+    for other in ("scraper_prometheus_keystore", "kafka_1_broker_keystore", "prometheus_tls_cert"):
+        cert = x509.load_pem_x509_certificates(secrets[other].encode())[0]
+        with pytest.raises(ValueError, match="does not match certificate issuer"):
+            cert.verify_directly_issued_by(metrics_ca)
 
 
 def test_the_datacenter_gets_the_relays_keystore_as_kafkas_pem_loader_reads_it(tmp_path):
