@@ -3,18 +3,22 @@ prometheus image, with the scrape job the stack role renders and the rules of mo
 DiskSpaceCritical naming the node.
 
 The volume is a 16 MB tmpfs standing in for the filesystem that holds a node's Docker volumes; the
-node exporter sees it as the stacks mount it (read-only at /node/volumes). Empty, nothing fires;
-filled to 98 %, DiskSpaceCritical fires after its 2 minutes and DiskSpaceLow is pending.
+node exporter sees it as the stacks mount it (read-only at /node/volumes) and serves it as the stacks run it:
+over mutual TLS (the image's web-tls.yml, the site's metrics PKI), scraped by the stack's `node` job. Empty,
+nothing fires; filled to 98 %, DiskSpaceCritical fires after its 2 minutes and DiskSpaceLow is pending.
 """
 from __future__ import annotations
 
 import json
 import re
+import socket
+import ssl
 import urllib.request
 
 import pytest
 
 from tests.integration.test_metrics import prometheus_query, scrape_config
+from tooling.testbed import certs
 from tooling.testbed.docker_lab import docker, free_port, image, wait_until
 
 SIZE = 16 * 1024 * 1024
@@ -29,13 +33,16 @@ def prometheus(lab, tmp_path_factory):
     volume = f"{lab.network}-disk"
     docker("volume", "create", "--driver", "local", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
            "--opt", f"o=size={SIZE}", volume)
-    port = free_port()
+    port, exporter_port = free_port(), free_port()
+    pki = certs.metrics_pki(tmp_path_factory.mktemp("metrics-pki"))
     try:
-        lab.run("node-exporter", "node-exporter", memory="64m", volumes={volume: "/node/volumes:ro"})
+        lab.run("node-exporter", "node-exporter", "--web.config.file=/etc/node-exporter/web-tls.yml", memory="64m",
+                ports={exporter_port: 9100}, volumes={volume: "/node/volumes:ro", pki["exporter"]: "/run/secrets:ro"})
         lab.run("prometheus", "prometheus", memory="512m", ports={port: 9090},
                 env={"PROMETHEUS_CONFIG": "/etc/iot-test/prometheus.yml"},
-                volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro"})
-        yield port, volume
+                volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro",
+                         pki["prometheus"]: "/run/secrets:ro"})
+        yield port, volume, exporter_port, pki
     finally:
         lab.close()
         docker("volume", "rm", "-f", volume, check=False)
@@ -47,7 +54,7 @@ def _alerts(port: int) -> list[dict]:
 
 
 def test_an_empty_volume_is_seen_with_the_nodes_name_and_raises_nothing(lab, prometheus):
-    port, _ = prometheus
+    port, *_ = prometheus
     seen: list = []
 
     def scraped() -> bool:
@@ -62,8 +69,31 @@ def test_an_empty_volume_is_seen_with_the_nodes_name_and_raises_nothing(lab, pro
     assert _alerts(port) == []
 
 
+def _scrape(port: int, context: ssl.SSLContext | None) -> bytes:
+    """GET /metrics from the node exporter, over TLS with `context` (checking the name metrics-exporter, as the
+    stack's scrape job does) or in clear; the first bytes of the answer, b"" when it hangs up."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        conn = context.wrap_socket(raw, server_hostname="metrics-exporter") if context else raw
+        conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        return conn.recv(4096)
+
+
+def test_the_node_exporter_answers_only_over_tls_with_the_scrapers_certificate(prometheus):
+    _, _, exporter_port, pki = prometheus
+    scraper = ssl.create_default_context(cafile=f"{pki['prometheus']}/metrics_ca.pem")
+    scraper.load_cert_chain(f"{pki['prometheus']}/scraper.pem")
+    assert _scrape(exporter_port, scraper).startswith(b"HTTP/1.0 200")
+    anonymous = ssl.create_default_context(cafile=f"{pki['prometheus']}/metrics_ca.pem")
+    try:    # TLS 1.3: the refusal of a client without a certificate comes after the client's handshake
+        refused = _scrape(exporter_port, anonymous)
+    except (ssl.SSLError, ConnectionError):
+        refused = b""
+    assert refused == b"", refused[:200]
+    assert b"node_" not in _scrape(exporter_port, None)     # Go answers clear text with a 400
+
+
 def test_a_nearly_full_volume_raises_disk_space_critical(lab, prometheus):
-    port, volume = prometheus
+    port, volume, *_ = prometheus
     docker("run", "--rm", "-v", f"{volume}:/fill", "--entrypoint", "sh", image("node-exporter"), "-c",
            f"head -c {FILL} /dev/zero > /fill/data")
     alerts: list = []

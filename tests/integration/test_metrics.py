@@ -21,7 +21,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tooling.testbed import alert_rules, stack_render
+from tooling.testbed import alert_rules, certs, stack_render
 from tooling.testbed.docker_lab import docker, free_port, wait_until
 from tooling.testbed.kafka_cluster import MM2_SINGLE_BROKER
 
@@ -105,7 +105,8 @@ def ports(lab, tmp_path_factory):
                  "KAFKA_HEAP_OPTS": "-Xms128m -Xmx384m"})
     lab.run("prometheus", "prometheus", memory="512m", ports={ports["prometheus"]: 9090},
             env={"PROMETHEUS_CONFIG": "/etc/iot-test/prometheus.yml"},
-            volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro"})
+            volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro",
+                     certs.metrics_pki(tmp_path_factory.mktemp("metrics-pki"))["prometheus"]: "/run/secrets:ro"})
     # The same image and role with the variable unset: no agent.
     lab.run("kafka", "zookeeper-plain", "zookeeper", memory="256m", env={"ZOO_HEAP_OPTS": "-Xmx64m"})
 

@@ -5,7 +5,8 @@ Cassandra and MirrorMaker JVM, the bridge's and adapter's /metrics); the alert r
 end dates of the site's certificates; and the status page /consoles/iot-stack.html shows the site's
 figures, with readings flowing at the edge sites (the lab's simulated devices publish throughout), also as
 headless Chromium renders it, trusting only the deployment's CA (a screenshot per site is left in the lab
-directory, screenshots/)."""
+directory, screenshots/). The services' /metrics answer only Prometheus: from a service container on the
+overlay, neither clear text nor TLS without the scrapers CA's certificate reads them."""
 from __future__ import annotations
 
 import base64
@@ -23,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from tooling.lab import lab
+from tooling.lab import chaos, lab
 
 pytestmark = pytest.mark.smoke     # a minute or two on a running lab: part of the lab smoke
 
 USER = "operator"                  # stack_prometheus_user's default
-JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter", "spark"},
+JOBS = {"edge": {"prometheus", "zookeeper", "kafka", "cassandra", "bridge", "adapter", "spark", "mosquitto-agent"},
         "datacenter": {"prometheus", "zookeeper", "kafka", "cassandra", "mirrormaker", "adapter", "spark", "federate"}}
 SPARK_JOB = {"edge": "threshold-detector", "datacenter": "notifier"}      # the lab's (tooling/lab/lab.py LAB_JOBS)
 
@@ -101,6 +102,43 @@ def test_every_component_of_the_site_is_scraped_and_up(apps, site):
     while not (queries := _query(site, apps[site], query)) and time.monotonic() < deadline + 120:
         time.sleep(10)
     assert queries and all(r["metric"]["query"] for r in queries), queries
+
+
+# Run in a service container on the overlay: GET /metrics from host:port in clear, then over TLS without a
+# certificate; "no connection" when the port cannot be reached at all (so a refusal is the endpoint's doing).
+METRICS_PROBE = """
+import socket, ssl, sys
+host, port = sys.argv[1], int(sys.argv[2])
+def ask(wrap):
+    try:
+        raw = socket.create_connection((host, port), timeout=10)
+    except OSError:
+        return "no-connection"
+    try:
+        with wrap(raw) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.0\\r\\n\\r\\n")
+            return "answered" if conn.recv(4096) else "closed"
+    except OSError:
+        return "refused"
+context = ssl.create_default_context()
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+print(ask(lambda s: s), ask(lambda s: context.wrap_socket(s)))
+"""
+
+
+def test_a_service_container_on_the_overlay_cannot_read_the_services_metrics(lab_hosts):
+    hosts = [h for h in lab_hosts if h.site == "site-a"]
+    found = [(h, c) for h in hosts for c in lab.host_exec(h, "docker", "ps", "-q", *chaos.service_filter(
+        "site-a", "mosquitto-agent"), check=False).stdout.split()]
+    assert found, "no mosquitto-agent container on site-a's nodes"
+    host, container = found[0]
+    for target, port in (("bridge", 9102), ("cassandra-adapter", 9102)):
+        probe = lab.host_exec(host, "docker", "exec", container, "python", "-c", METRICS_PROBE, target, str(port),
+                              check=False, timeout=60)
+        assert probe.returncode == 0, probe.stderr[-500:]
+        clear, tls = probe.stdout.split()
+        assert clear == "closed", f"{target}:{port}/metrics in clear from the overlay: {clear}"
+        assert tls in ("refused", "closed"), f"{target}:{port}/metrics over TLS without a certificate: {tls}"
 
 
 @pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])

@@ -51,3 +51,35 @@ def issue(ca, name: str, usage, sans=()):
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def metrics_pki(directory) -> dict[str, str]:
+    """The site's metrics PKI as the pki role makes it (tasks/metrics.yml) and the stack mounts it, written
+    under `directory` (a pathlib.Path): {"prometheus": a directory to mount at /run/secrets of the Prometheus
+    container (metrics_ca.pem, scraper.pem), "exporter": the same for an exporter (metrics_keystore.pem,
+    scrapers_ca.pem)}. Files 0644 in 0755 directories: the images run as the app user."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509 import DNSName
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    def pem(cert) -> bytes:
+        return cert.public_bytes(serialization.Encoding.PEM)
+
+    metrics_ca, scrapers_ca = ca("iot-stack metrics CA test"), ca("iot-stack scrapers CA test")
+    usage = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+    exporter = issue(metrics_ca, "metrics-exporter", usage, sans=[DNSName("metrics-exporter")])
+    scraper = issue(scrapers_ca, "scraper-prometheus", usage, sans=[DNSName("scraper-prometheus")])
+    files = {"prometheus": {"metrics_ca.pem": pem(metrics_ca[1]),
+                            "scraper.pem": key_pem(scraper[0]) + pem(scraper[1]) + pem(scrapers_ca[1])},
+             "exporter": {"scrapers_ca.pem": pem(scrapers_ca[1]),
+                          "metrics_keystore.pem": key_pem(exporter[0]) + pem(exporter[1]) + pem(metrics_ca[1])}}
+    dirs = {}
+    for side, content in files.items():
+        side_dir = directory / side
+        side_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        side_dir.chmod(0o755)
+        for name, data in content.items():
+            (side_dir / name).write_bytes(data)
+            (side_dir / name).chmod(0o644)
+        dirs[side] = str(side_dir)
+    return dirs

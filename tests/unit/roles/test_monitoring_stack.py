@@ -134,7 +134,11 @@ def test_a_node_exporter_runs_on_every_node_and_sees_only_an_empty_volume_of_its
     exporter = services["node-exporter"]
     assert exporter["deploy"]["mode"] == "global" and "placement" not in exporter["deploy"]
     assert exporter["volumes"] == ["node-volumes:/node/volumes:ro"]
-    assert not exporter.get("ports") and not exporter.get("secrets")
+    assert not exporter.get("ports")
+    # Only what its /metrics over mutual TLS needs: its certificate and the CA whose certificates may scrape.
+    assert exporter["secrets"] == [{"source": "metrics_exporter_keystore", "target": "metrics_keystore.pem"},
+                                   {"source": "scrapers_ca", "target": "scrapers_ca.pem"}]
+    assert exporter["command"] == ["--web.config.file=/etc/node-exporter/web-tls.yml"]
     assert exporter["hostname"] == "{{.Node.Hostname}}"     # Swarm's template: node_uname_info names the node
     # The rules watch the mount point the volume is mounted at.
     watched = {m for rule in alert_rules.rules() for m in re.findall(r'mountpoint="([^"]+)"', rule["expr"])}
