@@ -10,8 +10,11 @@ broker has been stopped for the rule's two minutes (the module's last test).
 Every container starts at once and the tests then wait for each (Cassandra's start dominates)."""
 from __future__ import annotations
 
+import base64
 import json
 import re
+import socket
+import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -66,10 +69,35 @@ def scrape_config(directory) -> str:
     return str(directory)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _metrics_pki(tmp_path_factory):
+    """The site's metrics PKI (tooling/testbed/certs.py metrics_pki), for the module's containers and scrapes."""
+    PKI.update(certs.metrics_pki(tmp_path_factory.mktemp("metrics-pki")))
+
+
+PKI: dict[str, str] = {}
+
+
+def _fetch(port: int, password: str | None) -> tuple[int, str]:
+    """(status, body) of GET /metrics on 127.0.0.1:port over HTTPS, checking the certificate against the
+    metrics CA and the name metrics-exporter (as the stack's scrape jobs do), with the login if given."""
+    context = ssl.create_default_context(cafile=f"{PKI['prometheus']}/metrics_ca.pem")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw, \
+            context.wrap_socket(raw, server_hostname="metrics-exporter") as conn:
+        login = f"Authorization: Basic {base64.b64encode(f'prometheus:{password}'.encode()).decode()}\r\n"
+        conn.sendall(f"GET /metrics HTTP/1.0\r\n{login if password else ''}\r\n".encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
 def scrape(port: int) -> dict[str, list[tuple[str, float]]]:
-    """{metric name: [(labels, value), ...]} from a /metrics page on 127.0.0.1:port."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
+    """{metric name: [(labels, value), ...]} from a JMX exporter's /metrics on 127.0.0.1:port, as Prometheus
+    reads it (HTTPS, its login)."""
+    status, text = _fetch(port, PKI["password"])
+    assert status == 200, f"/metrics on {port} answered {status}"
     found: dict[str, list[tuple[str, float]]] = {}
     for line in text.splitlines():
         match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(\{.*\})?\s+(\S+)", line)
@@ -83,19 +111,22 @@ def used_by(component: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def ports(lab, tmp_path_factory):
+def ports(lab, tmp_path_factory, _metrics_pki):
     ports = {name: free_port() for name in ("zookeeper", "zk1", "zk2", "zk3", "kafka", "kafka-external",
                                              "mirrormaker", "cassandra", "prometheus")}
-    on = {"JMX_EXPORTER_PORT": EXPORTER}
+    # As the stack runs them: HTTPS with the metrics CA's certificate, to Prometheus' login only.
+    on = {"JMX_EXPORTER_PORT": EXPORTER, "JMX_EXPORTER_KEYSTORE": "/run/secrets/metrics_keystore.pem",
+          "JMX_EXPORTER_PASSWORD_FILE": "/run/secrets/metrics_password"}
+    secrets = {PKI["exporter"]: "/run/secrets:ro"}
     exporter = {name: {ports[name]: int(EXPORTER)} for name in ports}
     lab.run("cassandra", "cassandra", memory="1536m", ports=exporter["cassandra"], aliases=("cassandra-1",),
-            env={**on, "CASSANDRA_FAST_START": "1", "CASSANDRA_HEAP": "512M"})
+            env={**on, "CASSANDRA_FAST_START": "1", "CASSANDRA_HEAP": "512M"}, volumes=secrets)
     lab.run("kafka", "zookeeper", "zookeeper", memory="384m", ports=exporter["zookeeper"], env=on,
-            aliases=("zookeeper-1",))
+            aliases=("zookeeper-1",), volumes=secrets)
     for i in (1, 2, 3):
-        lab.run("kafka", f"zk{i}", "zookeeper", memory="256m", ports=exporter[f"zk{i}"],
+        lab.run("kafka", f"zk{i}", "zookeeper", memory="256m", ports=exporter[f"zk{i}"], volumes=secrets,
                 env={**on, "ZOO_MY_ID": str(i), "ZOO_SERVERS": ENSEMBLE, "ZOO_HEAP_OPTS": "-Xms32m -Xmx96m"})
-    lab.run("kafka", "kafka", "kafka", memory="1g", aliases=("kafka-1",),
+    lab.run("kafka", "kafka", "kafka", memory="1g", aliases=("kafka-1",), volumes=secrets,
             ports={**exporter["kafka"], ports["kafka-external"]: 9094},
             env={**on, "KAFKA_BROKER_ID": "1", "KAFKA_ZOOKEEPER_CONNECT": "zookeeper:2181",
                  "KAFKA_ADVERTISED_LISTENERS": f"INTERNAL://kafka:9092,EXTERNAL://127.0.0.1:{ports['kafka-external']}",
@@ -106,7 +137,7 @@ def ports(lab, tmp_path_factory):
     lab.run("prometheus", "prometheus", memory="512m", ports={ports["prometheus"]: 9090},
             env={"PROMETHEUS_CONFIG": "/etc/iot-test/prometheus.yml"},
             volumes={scrape_config(tmp_path_factory.mktemp("prometheus")): "/etc/iot-test:ro",
-                     certs.metrics_pki(tmp_path_factory.mktemp("metrics-pki"))["prometheus"]: "/run/secrets:ro"})
+                     PKI["prometheus"]: "/run/secrets:ro"})
     # The same image and role with the variable unset: no agent.
     lab.run("kafka", "zookeeper-plain", "zookeeper", memory="256m", env={"ZOO_HEAP_OPTS": "-Xmx64m"})
 
@@ -130,7 +161,7 @@ def ports(lab, tmp_path_factory):
     (config_dir / "mm2.properties").chmod(0o644)
     lab.run("kafka", "mirrormaker", "mirrormaker", memory="768m", ports=exporter["mirrormaker"],
             env={**on, "MM2_CONFIG": "/etc/mirrormaker/mm2.properties", "MM2_HEAP_OPTS": "-Xms128m -Xmx384m"},
-            volumes={str(config_dir): "/etc/mirrormaker:ro"})
+            volumes={str(config_dir): "/etc/mirrormaker:ro", **secrets})
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     for i in range(100):
         producer.produce(RELAYED, key=str(i), value=f"reading-{i}")
@@ -213,6 +244,20 @@ def test_exporter_is_off_without_jmx_exporter_port(lab, ports):
     wait_until("ZooKeeper without the exporter", java_runs, timeout=60, on_timeout=lambda: lab.logs("zookeeper-plain"))
     assert "-javaagent" not in command_lines()
     assert "jmx_prometheus_javaagent" in lab.exec("zookeeper", "sh", "-c", "cat /proc/[0-9]*/cmdline").stdout
+
+
+def test_a_jmx_exporter_answers_only_prometheus_login_over_tls(lab, ports):
+    wait_for_names(lab, "zookeeper", ports["zookeeper"], {"process_start_time_seconds"})
+    assert _fetch(ports["zookeeper"], None)[0] == 401
+    assert _fetch(ports["zookeeper"], "not-the-password-of-the-site")[0] == 401
+    with socket.create_connection(("127.0.0.1", ports["zookeeper"]), timeout=10) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        answer = conn.recv(4096)
+    assert b"process_start_time_seconds" not in answer, "the exporter answered a clear-text request"
+    # The keystore and the rules with the login live in the container's run directory, for its user alone.
+    listed = lab.exec("zookeeper", "stat", "-c", "%a %n", "/opt/kafka/run/jmx-exporter.p12",
+                      "/opt/kafka/run/jmx-exporter.yml").stdout.split("\n")
+    assert all(line.startswith("600 ") for line in listed if line), listed
 
 
 def test_prometheus_image_loads_the_rules_and_answers_ready(lab, ports):

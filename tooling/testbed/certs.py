@@ -56,8 +56,11 @@ def issue(ca, name: str, usage, sans=()):
 def metrics_pki(directory) -> dict[str, str]:
     """The site's metrics PKI as the pki role makes it (tasks/metrics.yml) and the stack mounts it, written
     under `directory` (a pathlib.Path): {"prometheus": a directory to mount at /run/secrets of the Prometheus
-    container (metrics_ca.pem, scraper.pem), "exporter": the same for an exporter (metrics_keystore.pem,
-    scrapers_ca.pem)}. Files 0644 in 0755 directories: the images run as the app user."""
+    container (metrics_ca.pem, scraper.pem, metrics_password: its login to the JMX exporters), "exporter":
+    the same for an exporter (metrics_keystore.pem, scrapers_ca.pem, metrics_password), "password": the
+    login's password}. Files 0644 in 0755 directories: the images run as the app user."""
+    import secrets
+
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509 import DNSName
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -69,11 +72,12 @@ def metrics_pki(directory) -> dict[str, str]:
     usage = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
     exporter = issue(metrics_ca, "metrics-exporter", usage, sans=[DNSName("metrics-exporter")])
     scraper = issue(scrapers_ca, "scraper-prometheus", usage, sans=[DNSName("scraper-prometheus")])
-    files = {"prometheus": {"metrics_ca.pem": pem(metrics_ca[1]),
+    password = secrets.token_hex(20)
+    files = {"prometheus": {"metrics_ca.pem": pem(metrics_ca[1]), "metrics_password": f"{password}\n".encode(),
                             "scraper.pem": key_pem(scraper[0]) + pem(scraper[1]) + pem(scrapers_ca[1])},
-             "exporter": {"scrapers_ca.pem": pem(scrapers_ca[1]),
+             "exporter": {"scrapers_ca.pem": pem(scrapers_ca[1]), "metrics_password": f"{password}\n".encode(),
                           "metrics_keystore.pem": key_pem(exporter[0]) + pem(exporter[1]) + pem(metrics_ca[1])}}
-    dirs = {}
+    dirs = {"password": password}
     for side, content in files.items():
         side_dir = directory / side
         side_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
