@@ -43,8 +43,30 @@ def test_every_jvm_exports_on_the_overlay_only(example, group):
     jvms = [n for n in services if re.fullmatch(r"(zookeeper|kafka|cassandra)-\d+|mirrormaker", n)]
     assert len(jvms) >= 9
     for name in jvms:
-        assert services[name]["environment"]["JMX_EXPORTER_PORT"] == "9404", name
+        env = services[name]["environment"]
+        assert env["JMX_EXPORTER_PORT"] == "9404", name
         assert 9404 not in {p["target"] for p in services[name].get("ports", [])}, name
+        # HTTPS with the metrics CA's certificate, to Prometheus' login (the jre image's jmx-exporter-agent).
+        assert env["JMX_EXPORTER_KEYSTORE"] == "/run/secrets/metrics_keystore.pem", name
+        assert env["JMX_EXPORTER_PASSWORD_FILE"] == "/run/secrets/metrics_password", name
+        mounted = {(ref["source"], ref["target"]) for ref in services[name]["secrets"] if isinstance(ref, dict)}
+        assert {("metrics_exporter_keystore", "metrics_keystore.pem"), ("metrics_password", "metrics_password")} \
+            <= mounted, name
+
+
+@pytest.mark.parametrize("group", SITES)
+def test_prometheus_scrapes_everything_but_the_spark_uis_over_tls_with_the_metrics_ca(example, group):
+    """Issue 30: no scrape crosses the site's LAN in clear but the Spark driver UIs' (docs/security.md)."""
+    jobs = {job["job_name"]: job for job in _scrape_config(example, group)["scrape_configs"]}
+    assert {name for name, job in jobs.items() if job.get("scheme") != "https"} == {"spark"}
+    metrics_ca = {name for name, job in jobs.items() if job.get("tls_config", {}).get("ca_file")
+                  == "/run/secrets/metrics_ca.pem"}
+    assert metrics_ca == set(jobs) - {"spark", "prometheus", "alertmanager", "federate"}
+    for name in metrics_ca:
+        assert jobs[name]["tls_config"]["server_name"] == "metrics-exporter", name
+        assert jobs[name]["tls_config"]["cert_file"] == "/run/secrets/scraper.pem", name
+    for name in metrics_ca & {"zookeeper", "kafka", "cassandra", "mirrormaker"}:
+        assert jobs[name]["basic_auth"] == {"username": "prometheus", "password_file": "/run/secrets/metrics_password"}
 
 
 @pytest.mark.parametrize("group", SITES)
