@@ -5,7 +5,9 @@ traffic (SERVICES, 9095: the bridge's writes, the adapter's and the jobs' reads)
 Cassandra (CQL over TLS, 9042) and the bridge's reads from Mosquitto (MQTT over TLS, 1883) must carry none of
 them in clear, and nothing may cross on Kafka's INTERNAL port (9092, closed). kafka-2 keeps its ZooKeeper
 session (its login, the SCRAM credentials and ACLs it reads) with zookeeper-1 on the other node over TLS (2182),
-nothing on ZooKeeper's port in clear (2181, on each server's loopback only). So that a clean capture is the
+nothing on ZooKeeper's port in clear (2181, on each server's loopback only). Prometheus' scrapes of kafka-2's
+JMX exporter and of the node's exporter (and of the services' /metrics where a replica runs there) must show
+no scrape in clear (its request line; the answer is gzipped). So that a clean capture is the
 encryption's doing, not a blind capture's, the test sends the marker in clear itself, a UDP datagram from a
 container on another node to kafka-2 (no listener needed: it crosses the LAN whatever waits for it), and the
 capture must find it there."""
@@ -26,6 +28,8 @@ READINGS = 2_000
 CAPTURE_S = 75.0            # the registration and the publishing take 20-60 s on a loaded lab
 BROKER, INTERNAL, SERVICES, MQTT_OVERLAY, CQL = 9093, 9092, 9095, 1883, 9042
 ZOOKEEPER_TLS, ZOOKEEPER_CLEAR = 2182, 2181
+JMX_EXPORTER, NODE_EXPORTER, SERVICES_METRICS = 9404, 9100, (9102, 9103)
+METRICS_REQUEST = "GET /metrics"    # the scrape's request line (the answer is gzipped, the request never)
 CONTROL_PORT = 9999         # UDP; no service of the stack uses it
 
 
@@ -56,7 +60,7 @@ def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts)
     manager = lab.site_managers(lab_hosts)[SITE]
     sender, container = _python_container_off(hosts, second)
     sensor = f"capture{uuid.uuid4().hex[:12]}"          # in every reading's topic, key and record
-    capture = OverlayCapture(second, [sensor], CAPTURE_S).start()
+    capture = OverlayCapture(second, [sensor, METRICS_REQUEST], CAPTURE_S).start()
     publish(manager, SITE, sensor, [21.0 + (i % 5) * 0.1 for i in range(READINGS)])
     control = lab.host_exec(sender, "docker", "exec", container, "python", "-c", CONTROL, sensor, check=False,
                             timeout=60)
@@ -76,5 +80,9 @@ def test_replication_cql_and_the_bridges_mqtt_cross_the_lan_encrypted(lab_hosts)
     assert seen.packets(INTERNAL) == 0, f"something crossed the LAN on Kafka's INTERNAL port 9092: {summary}"
     assert seen.packets(ZOOKEEPER_TLS) > 0, f"kafka-2's ZooKeeper session did not cross the LAN on 2182: {summary}"
     assert seen.packets(ZOOKEEPER_CLEAR) == 0, f"something crossed the LAN on ZooKeeper's port 2181: {summary}"
+    for port in (JMX_EXPORTER, NODE_EXPORTER):
+        assert seen.packets(port) > 0, f"no scrape of site-a-2 crossed the LAN on {port}: {summary}"
+    for port in (JMX_EXPORTER, NODE_EXPORTER, *SERVICES_METRICS):
+        assert seen.in_clear(port) == 0, f"a scrape crossed the LAN in clear on {port}: {summary}"
     assert seen.in_clear(CONTROL_PORT) > 0, \
         f"the capture missed the marker sent in clear to kafka-2 (udp {CONTROL_PORT}), so it proves nothing: {summary}"
