@@ -154,7 +154,8 @@ def test_the_alert_rules_are_loaded_and_nothing_critical_fires(apps, site):
 @pytest.mark.parametrize("site", ["site-a", "site-b", "datacenter"])
 def test_the_sites_certificates_have_their_end_dates_in_prometheus(apps, site):
     """The rule file the stack role rendered from the pki role's certificates (deploy/certificates.py) is
-    loaded and evaluated: the brokers' and the CA's end dates, years away in a fresh lab, and no alert."""
+    loaded and evaluated: the brokers', ZooKeeper's, the exporters' and the CAs' end dates, years away in a
+    fresh lab, and no alert."""
     deadline = time.monotonic() + 90          # a recording rule's first evaluation after Prometheus started
     while not (series := _query(site, apps[site], "iot_certificate_not_after_timestamp_seconds")):
         assert time.monotonic() < deadline, f"{site}: no iot_certificate_not_after_timestamp_seconds series"
@@ -162,6 +163,8 @@ def test_the_sites_certificates_have_their_end_dates_in_prometheus(apps, site):
     found = {s["metric"]["certificate"]: (s["metric"]["kind"], float(s["value"][1])) for s in series}
     assert {s["metric"]["site"] for s in series} == {site}
     assert f"kafka-1.{site}" in found and [k for k, _ in found.values()].count("ca") >= 2, found   # CA, clients CA
+    # The site CAs' leaves too: ZooKeeper's server, the exporters' and the scraper's (CertificateExpiresSoon).
+    assert {"zookeeper-1", "metrics-exporter", "scraper-prometheus"} <= set(found), found
     assert min(end for _, end in found.values()) > time.time() + 300 * 86400, found
     firing = [r["metric"]["alertname"] for r in _query(site, apps[site], 'ALERTS{alertstate="firing"}')]
     assert not [a for a in firing if a.startswith("Certificate")], f"{site}: firing {firing}"
