@@ -305,11 +305,14 @@ def test_adapter_logs_in_with_its_own_role_and_secret(tier):
     assert adapter["secrets"] == ["cassandra_adapter_password",      # not the superuser's password
                                   {"source": "cassandra_ca", "target": "cassandra_ca.pem"},   # CQL over TLS
                                   {"source": "kafka_password_adapter", "target": "kafka_password"},
-                                  {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"}]   # Kafka over TLS
+                                  {"source": "kafka_brokers_ca", "target": "kafka_brokers_ca.pem"},   # Kafka over TLS
+                                  {"source": "metrics_exporter_keystore", "target": "metrics_keystore.pem"},
+                                  {"source": "scrapers_ca", "target": "scrapers_ca.pem"}]   # /metrics over TLS
     assert adapter["environment"]["CASSANDRA_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
     assert adapter["environment"]["ADAPTER_KEYSPACE"] == node["environment"]["CASSANDRA_ADAPTER_KEYSPACE"]
     assert [s for s in node["secrets"] if isinstance(s, str)] == ["cassandra_password", "cassandra_adapter_password"]
-    assert {s["source"] for s in node["secrets"] if isinstance(s, dict)} == {"cassandra_1_keystore", "cassandra_ca"}
+    assert {s["source"] for s in node["secrets"] if isinstance(s, dict)} == {
+        "cassandra_1_keystore", "cassandra_ca", "metrics_exporter_keystore", "metrics_password"}   # + its exporter's
     assert node["environment"]["CASSANDRA_ADAPTER_PASSWORD_FILE"] == "/run/secrets/cassandra_adapter_password"
 
 
