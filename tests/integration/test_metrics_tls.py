@@ -11,48 +11,30 @@ import ssl
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.x509 import DNSName
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from services.common.observability import metrics_tls, serve_http
 from tooling.testbed import certs
+from tooling.testbed.docker_lab import free_port
 
 NAME = "metrics-exporter"
 BODY = b"iot_test_metric 1\n"
 
 
-def _pem(cert) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _keystore(path, pair, ca) -> str:
-    key, cert = pair
-    path.write_bytes(certs.key_pem(key) + _pem(cert) + _pem(ca[1]))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
+    """The site's metrics PKI as the stack mounts it (certs.metrics_pki), and a scraper's keystore of another CA."""
     root = tmp_path_factory.mktemp("metrics-pki")
-    metrics_ca, scrapers_ca, other_ca = certs.ca("metrics CA"), certs.ca("scrapers CA"), certs.ca("another CA")
-    (root / "metrics_ca.pem").write_bytes(_pem(metrics_ca[1]))
-    (root / "scrapers_ca.pem").write_bytes(_pem(scrapers_ca[1]))
-    server = certs.issue(metrics_ca, NAME, ExtendedKeyUsageOID.SERVER_AUTH, sans=[DNSName(NAME)])
-    scraper = certs.issue(scrapers_ca, "scraper-prometheus", ExtendedKeyUsageOID.CLIENT_AUTH)
-    # The endpoints' own certificate, and one of another CA: neither may scrape.
-    exporter_as_client = certs.issue(metrics_ca, "exporter", ExtendedKeyUsageOID.CLIENT_AUTH)
-    stranger = certs.issue(other_ca, "scraper-prometheus", ExtendedKeyUsageOID.CLIENT_AUTH)
-    return {"root": root, "server": _keystore(root / "server.pem", server, metrics_ca),
-            "scraper": _keystore(root / "scraper.pem", scraper, scrapers_ca),
-            "exporter_as_client": _keystore(root / "exporter-client.pem", exporter_as_client, metrics_ca),
-            "stranger": _keystore(root / "stranger.pem", stranger, other_ca),
-            "metrics_ca": str(root / "metrics_ca.pem"), "scrapers_ca": str(root / "scrapers_ca.pem")}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    made = certs.metrics_pki(root)
+    other_ca = certs.ca("another CA")
+    key, cert = certs.issue(other_ca, "scraper-prometheus", ExtendedKeyUsageOID.CLIENT_AUTH)
+    (root / "stranger.pem").write_bytes(b"".join([certs.key_pem(key), *(c.public_bytes(serialization.Encoding.PEM)
+                                                                      for c in (cert, other_ca[1]))]))
+    exporter, prometheus = made["exporter"], made["prometheus"]
+    # The endpoints' own keystore (serverAuth and clientAuth, as the pki role's) and the stranger's may not scrape.
+    return {"server": f"{exporter}/metrics_keystore.pem", "exporter_as_client": f"{exporter}/metrics_keystore.pem",
+            "scraper": f"{prometheus}/scraper.pem", "stranger": str(root / "stranger.pem"),
+            "metrics_ca": f"{prometheus}/metrics_ca.pem", "scrapers_ca": f"{exporter}/scrapers_ca.pem"}
 
 
 def _lan_address() -> str | None:
@@ -68,7 +50,7 @@ def _lan_address() -> str | None:
 
 @pytest.fixture(scope="module")
 def server(pki):
-    port = _free_port()
+    port = free_port()
     served = serve_http(port, lambda: (True, "ok"), lambda: (BODY, "text/plain"),
                         tls=metrics_tls(pki["server"], pki["scrapers_ca"]))
     yield port
